@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from envhub.sandbox.agent import protocol
+from envhub.sandbox.agent.bash import inline_line
+from envhub.sandbox.attached import AttachedShell
 from envhub.sandbox.spec import SandboxSpec  # noqa: F401 (part of this module's contract)
 
 
@@ -92,11 +94,15 @@ class Sandbox:
     """
 
     runtime = "?"
+    #: Short one-line shell commands are typed by the host on its own copy of the shell's pty instead of going
+    #: through the action server (:mod:`envhub.sandbox.attached`): the same result, two process wake-ups fewer.
+    attach_shell = True
 
     def __init__(self, spec: SandboxSpec, sandbox_id: str, state_dir: str, socket_path: str, workdir: str):
         self.spec, self.id, self.state_dir = spec, sandbox_id, state_dir
         self.socket_path, self.workdir = socket_path, workdir
         self._sock: socket.socket | None = None
+        self._attached = AttachedShell()
         self._lock = threading.RLock()  # one request at a time
         self._stop_lock = threading.Lock()
         self.stopped = False
@@ -157,7 +163,14 @@ class Sandbox:
                 # request itself, and its watchdog closes the socket if it is ever stuck
                 sock = self._connect()
                 protocol.send(sock, args)
-                reply = protocol.recv(sock)
+                if op == "shell_attach":
+                    reply, fd = protocol.recv_with_fd(sock)
+                    if fd is not None:
+                        reply["fd"] = fd
+                else:
+                    reply = protocol.recv(sock)
+                    if op in _SHELL_REPLACING_OPS and (op == "killall" or reply.get("restarted")):
+                        self._attached.close()  # the shell behind our pty copy was replaced
             except (OSError, protocol.ProtocolError) as e:
                 self._drop_connection()
                 if self.stopped:
@@ -167,7 +180,11 @@ class Sandbox:
                                       f"it was restarted with the workspace kept, but shell and Python state were "
                                       f"lost") from None
         if not reply.get("ok"):
+            if "fd" in reply:
+                os.close(reply["fd"])
             raise ServerError(reply.get("error", "action server error"))
+        if op == "shell_attach" and "fd" not in reply:
+            raise ServerError("the action server did not hand over the shell's pty")
         return reply
 
     def _connect(self) -> socket.socket:
@@ -178,6 +195,7 @@ class Sandbox:
         return self._sock
 
     def _drop_connection(self) -> None:
+        self._attached.close()
         sock, self._sock = self._sock, None
         if sock is not None:
             try:
@@ -214,6 +232,14 @@ class Sandbox:
 
     def shell(self, command: str, *, timeout: float | None = None, output_limit: int | None = None) -> ExecResult:
         """Run ``command`` in the persistent bash (cwd, variables, functions persist). Output is in ``stdout``."""
+        line = inline_line(command) if self.attach_shell and not self.stopped else None
+        if line is not None:
+            with self._lock:
+                if not self.stopped:
+                    r = self._attached.run(self, line, timeout or self.spec.timeout_s,
+                                           output_limit or self.spec.output_limit)
+                    if r is not None:
+                        return r
         r = self._call("shell", timeout, {"command": command, "output_limit": output_limit})
         if isinstance(r, ExecResult):
             return r
@@ -319,6 +345,9 @@ class Sandbox:
     def __repr__(self) -> str:
         state = "stopped" if self.stopped else "live"
         return f"<{type(self).__name__} {self.id} {state} workdir={self.workdir}>"
+
+
+_SHELL_REPLACING_OPS = frozenset({"shell", "shell_interrupt", "killall"})
 
 
 class ServerError(SandboxError):

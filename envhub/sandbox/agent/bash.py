@@ -6,13 +6,16 @@ milliseconds per command; here we block on the pty fd and stop reading the momen
 
 How one command runs: its text is written to a file and the shell is sent one short line::
 
-    . /run/envhub/.cmd </dev/null; printf '\\n__ENVHUB_%s_%d__\\n' <token> $?
+    . /run/envhub/.cmd <&99; __envhub_done <token> $?
 
-Sourcing keeps ``cd``/``export``/functions in the shell, lifts the 4 KiB line limit of the tty, and ``</dev/null``
-stops a command from swallowing the next line as its input. The printed sentinel carries the exit code; the literal
-sentinel never appears in what we type, so echo cannot fake it. The shell runs interactively (``-i``, job control on)
-so each command is its own foreground process group: on timeout we send Ctrl-C, then SIGKILL that group, and the
-shell itself survives. If the shell stops answering or exits, a fresh one is started and the result says so.
+(a short one-line command is typed as ``eval '<command>' <&99`` instead). Sourcing keeps ``cd``/``export``/functions
+in the shell and lifts the 4 KiB line limit of the tty; ``<&99`` (a /dev/null the shell keeps open: a dup is ~15 µs
+cheaper than opening /dev/null for every command) stops a command from swallowing the next line as its input. A
+command that closes fd 99 is noticed (bash refuses the redirection before running anything) and typed again after
+the shell reopens it. The printed sentinel carries the exit code; the literal sentinel never appears in what we
+type, so echo cannot fake it. The shell runs interactively (``-i``, job control on) so each command is its own
+foreground process group: on timeout we send Ctrl-C, then SIGKILL that group, and the shell itself survives. If the
+shell stops answering or exits, a fresh one is started and the result says so.
 """
 from __future__ import annotations
 
@@ -30,17 +33,94 @@ _INIT = (
     "PS1=''; PS2=''; PS0=''; PROMPT_COMMAND=''; unset HISTFILE; set +o history; set +H; "
     "export PAGER=cat GIT_PAGER=cat MANPAGER=cat SYSTEMD_PAGER='' TERM=dumb; "
     # bash reads a tty one byte per read(2): a short function keeps the per-command line short
-    "__envhub_done() { printf '\\n__ENVHUB_%s_%d__\\n' \"$1\" \"$2\"; }"
+    "__envhub_done() { printf '\\n__ENVHUB_%s_%d__\\n' \"$1\" \"$2\"; }; exec 99</dev/null"
 )
+NULL_FD = "99"  # the shell's own /dev/null, commands' stdin: high enough that scripts do not pick it by hand
+_NULL_FD_LOST = b"99: Bad file descriptor\n"  # what bash says if a command closed it: reopen it and type again
 
 
 INLINE_MAX = 2000  # well under the tty's 4095-byte line limit, with room for the wrapper
+SHELL_EXITED = "\n[the shell exited; a new shell will be started for the next command]"
+DONE_FN = "__envhub_done"  # defined by _INIT; prints the sentinel
+DONE_PRINTF = "printf '\\n__ENVHUB_%s_%d__\\n'"  # the same, for before _INIT ran (or if a command removed it)
 
 
-def _inline_ok(command: str) -> bool:
-    """Whether ``command`` can be typed on the tty as is: one line of printable ASCII (a control character would be
-    taken by the line discipline: ^C interrupts, ^D ends input, DEL erases...)."""
-    return len(command) <= INLINE_MAX and all(" " <= c <= "~" or c == "\t" for c in command)
+def inline_line(command: str) -> str | None:
+    """The line to type for ``command`` if it can travel on the tty line itself, else None (it then goes through a
+    file the shell sources).
+
+    Only one line of printable ASCII qualifies: a control character would be taken by the line discipline (^C
+    interrupts, ^D ends input, DEL erases...). The command is single-quoted for ``eval``, so a syntax error inside is
+    eval's runtime error and the sentinel after it still runs; stdin from the shell's /dev/null (fd ``NULL_FD``)
+    stops it from reading the next line.
+    """
+    if len(command) > INLINE_MAX or not command.isascii() or not command.replace("\t", " ").isprintable():
+        return None
+    return "eval '" + command.replace("'", "'\\''") + "' <&" + NULL_FD
+
+
+def _null_fd_lost(out: bytes) -> bool:
+    import re
+
+    return re.fullmatch(rb"bash: (line \d+: )?99: Bad file descriptor\n", out) is not None
+
+
+def strip_sentinels(text: str) -> str:
+    """Remove sentinels from the output of an interrupted command (one may come out late: not the model's business)."""
+    import re
+
+    return re.sub(_SENTINEL_ANY, b"\n", text.encode()).decode()
+
+
+def roundtrip(fd: int, line: str, timeout: float, cap: OutputCap, done: str = DONE_FN, status: str = "$?",
+              heal: bool = True):
+    """Type ``line`` plus the sentinel on the pty master ``fd`` and read until the sentinel comes back.
+
+    Returns ``(code, tail, state)``: ``state`` is ``"done"`` (``code`` is the exit status), ``"timeout"`` or ``"eof"``
+    (the shell's side of the pty is gone; ``code`` is None for both). Output before the sentinel goes to ``cap``;
+    ``tail`` is its last bytes, for error messages. Works on any copy of the master fd: the action server's own, or
+    the host's (see :mod:`envhub.sandbox.attached`).
+    """
+    token = os.urandom(8).hex()
+    marker = b"\n__ENVHUB_" + token.encode() + b"_"
+    keep = 64  # bytes held back so a sentinel split across reads is still found
+    # one line: a second line would cost bash another read cycle (~0.3 ms)
+    os.write(fd, f"{line}; {done} {token} {status}\n".encode())
+    pending = b"\n"  # lets a sentinel at the very start match, and is never fed to the output
+    fed_newline = False
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            cap.feed(pending[1:] if not fed_newline else pending)
+            return None, cap.tail_bytes().decode("utf-8", "replace"), "timeout"
+        r, _, _ = select.select([fd], [], [], left)
+        if not r:
+            continue
+        try:
+            data = os.read(fd, 1 << 16)
+        except OSError:  # EIO: the pty's other side is gone
+            data = b""
+        if not data:
+            cap.feed(pending[1:] if not fed_newline else pending)
+            return None, cap.tail_bytes().decode("utf-8", "replace"), "eof"
+        pending += data
+        at = pending.find(marker)
+        end = pending.find(b"__\n", at + len(marker)) if at >= 0 else -1
+        if end < 0 and at >= 0:  # a tty that still translates newlines
+            end = pending.find(b"__\r\n", at + len(marker))
+        if end >= 0:
+            out = pending[(0 if fed_newline else 1): at]
+            code = int(pending[at + len(marker): end])
+            if code == 1 and not fed_newline and out.endswith(_NULL_FD_LOST) and _null_fd_lost(out) and heal:
+                # a command closed (or moved) the shell's /dev/null, so this one never ran: reopen it, type again
+                return roundtrip(fd, "exec 99</dev/null; " + line, timeout, cap, done, status, heal=False)
+            cap.feed(out)
+            return code, "", "done"
+        if len(pending) > keep and at < 0:
+            cap.feed(pending[(0 if fed_newline else 1): -keep])
+            fed_newline = True
+            pending = pending[-keep:]
 
 
 class BashSession:
@@ -63,20 +143,27 @@ class BashSession:
         from ptyprocess import PtyProcess  # the only non-stdlib import of the bash path
 
         self.proc = PtyProcess.spawn([self.bash, "--norc", "--noprofile", "--noediting", "-i"], cwd=self.cwd,
-                                     env=self.env, echo=False, dimensions=(50, 200), preexec_fn=self.preexec_fn)
-        import termios
-
-        # raw newlines out (no \r\n translation) and no echo, set on the pty itself: images need not have stty
-        attrs = termios.tcgetattr(self.proc.fd)
-        attrs[1] &= ~termios.ONLCR
-        attrs[3] &= ~termios.ECHO
-        termios.tcsetattr(self.proc.fd, termios.TCSANOW, attrs)
+                                     env=self.env, echo=False, dimensions=(50, 200), preexec_fn=self._child_setup)
         self.ready = False
         code, out, _ = self._roundtrip(_INIT, timeout=10.0)
         self.ready = code is not None
         if code is None:
             self.close()
             raise RuntimeError(f"bash did not start: {out[-500:]!r}")
+
+    def _child_setup(self) -> None:
+        """In the child, before bash starts: raw newlines out (no \\r\\n translation) and no echo, set on the
+        terminal itself (images need not have ``stty``). Before, not after: bash saves the terminal's modes when it
+        starts and puts them back whenever a job dies of a signal, so modes set later come undone at the first
+        timeout."""
+        import termios
+
+        attrs = termios.tcgetattr(0)
+        attrs[1] &= ~termios.ONLCR
+        attrs[3] &= ~termios.ECHO
+        termios.tcsetattr(0, termios.TCSANOW, attrs)
+        if self.preexec_fn is not None:
+            self.preexec_fn()
 
     @property
     def alive(self) -> bool:
@@ -105,42 +192,48 @@ class BashSession:
         except Exception:
             pass
 
+    def ensure_started(self) -> bool:
+        """Start the shell if it is not running. Returns True when it replaces one that died (state was lost)."""
+        if self.alive:
+            return False
+        restarted = self.proc is not None
+        self.close()
+        self.start()
+        return restarted
+
     # ---- one command ----------------------------------------------------------------------------------------------
     def run(self, command: str, timeout: float, output_limit: int) -> tuple[int, str, dict]:
         """Run ``command`` in the persistent shell. ``info`` has ``timed_out``, ``cut`` and ``restarted``."""
-        info = {"timed_out": False, "cut": 0, "restarted": False}
-        if not self.alive:
-            info["restarted"] = self.proc is not None
-            self.close()
-            self.start()
-        if _inline_ok(command):
-            # short one-line commands travel on the tty line itself, single-quoted for eval: no file I/O, and a
-            # syntax error inside is eval's runtime error, so the sentinel after it still runs
-            line = "eval '" + command.replace("'", "'\\''") + "' </dev/null"
-        else:
+        restarted = self.ensure_started()
+        line = inline_line(command)  # short one-line commands travel on the tty line itself: no file I/O
+        if line is None:
             self._write_cmd_file(command)
-            line = ". '" + self.cmd_file.replace("'", "'\\''") + "' </dev/null"
+            line = ". '" + self.cmd_file.replace("'", "'\\''") + "' <&" + NULL_FD
         cap = OutputCap(output_limit)
         code, _, state = self._roundtrip(line, timeout, cap)
+        return self.settle(code, state, cap, restarted)
+
+    def settle(self, code: int | None, state: str, cap: OutputCap, restarted: bool = False) -> tuple[int, str, dict]:
+        """Turn a round trip's outcome into ``run``'s result. On ``"timeout"``: Ctrl-C, kill the foreground group,
+        and replace the shell if it still does not answer. On ``"eof"`` (the command ended the shell: ``exit``,
+        ``exec``): say so; the next command starts a new shell."""
+        info = {"timed_out": False, "cut": 0, "restarted": restarted}
         if state == "timeout":
             info["timed_out"] = True
-            code = self._interrupt(cap)
-            if code is None:  # the shell did not come back: replace it (cwd and env are lost, and we say so)
+            if self._interrupt(cap) is None:  # the shell did not come back: replace it (cwd and env are lost)
                 self.close()
                 self.start()
                 info["restarted"] = True
             code = 124
         elif state == "eof":
-            info["restarted"] = True  # the command ended the shell (`exit`, `exec`): next call starts a new one
+            info["restarted"] = True
             self.close()
         info["cut"] = cap.cut
         text = cap.text()
-        if info["timed_out"]:  # a sentinel of the interrupted command may have come out late: not the model's business
-            import re
-
-            text = re.sub(_SENTINEL_ANY, b"\n", text.encode()).decode()
+        if info["timed_out"]:
+            text = strip_sentinels(text)
         if state == "eof":
-            text += "\n[the shell exited; a new shell will be started for the next command]"
+            text += SHELL_EXITED
         return (code if code is not None else -1), text, info
 
     def _write_cmd_file(self, command: str) -> None:
@@ -186,42 +279,5 @@ class BashSession:
     def _roundtrip(self, line: str, timeout: float, cap: OutputCap | None = None, status: str = "$?",
                    inline: bool = False):
         """Send ``line`` plus the sentinel and read until the sentinel. Returns ``(code, tail, state)``."""
-        token = os.urandom(8).hex()
-        marker = b"\n__ENVHUB_" + token.encode() + b"_"
-        keep = 64  # bytes held back so a sentinel split across reads is still found
-        cap = cap if cap is not None else OutputCap(1 << 16)
-        fd = self.proc.fd
-        # one line: a second line would cost bash another read cycle (~0.3 ms). The function is defined by _INIT;
-        # before that (and if a command removed it) the inline printf does the same job.
-        done = "__envhub_done" if self.ready and not inline else "printf '\\n__ENVHUB_%s_%d__\\n'"
-        os.write(fd, f"{line}; {done} {token} {status}\n".encode())
-        pending = b"\n"  # lets a sentinel at the very start match, and is never fed to the output
-        fed_newline = False
-        deadline = time.monotonic() + timeout
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                cap.feed(pending[1:] if not fed_newline else pending)
-                return None, cap.tail_bytes().decode("utf-8", "replace"), "timeout"
-            r, _, _ = select.select([fd], [], [], left)
-            if not r:
-                continue
-            try:
-                data = os.read(fd, 1 << 16)
-            except OSError:  # EIO: the pty's other side is gone
-                data = b""
-            if not data:
-                cap.feed(pending[1:] if not fed_newline else pending)
-                return None, cap.tail_bytes().decode("utf-8", "replace"), "eof"
-            pending += data
-            at = pending.find(marker)
-            end = pending.find(b"__\n", at + len(marker)) if at >= 0 else -1
-            if end < 0 and at >= 0:  # a tty that still translates newlines
-                end = pending.find(b"__\r\n", at + len(marker))
-            if end >= 0:
-                cap.feed(pending[(0 if fed_newline else 1): at])
-                return int(pending[at + len(marker): end]), "", "done"
-            if len(pending) > keep and at < 0:
-                cap.feed(pending[(0 if fed_newline else 1): -keep])
-                fed_newline = True
-                pending = pending[-keep:]
+        done = DONE_FN if self.ready and not inline else DONE_PRINTF
+        return roundtrip(self.proc.fd, line, timeout, cap if cap is not None else OutputCap(1 << 16), done, status)

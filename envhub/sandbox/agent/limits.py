@@ -46,7 +46,9 @@ class OutputCap:
         return bytes(self.tail[-self.tail_limit:] if self.tail_limit else b"")
 
     def text(self) -> str:
-        head = bytes(self.head).decode("utf-8", errors="replace")
+        if not self.tail:  # the usual case: everything fit in the head
+            return self.head.decode("utf-8", errors="replace")
+        head = self.head.decode("utf-8", errors="replace")
         tail = self.tail_bytes().decode("utf-8", errors="replace")
         if not self.cut:
             return head + tail

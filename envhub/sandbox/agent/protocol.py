@@ -8,6 +8,9 @@ travel base64-encoded. A Unix domain socket keeps one round trip at tens of micr
 Encoding and decoding use the C accelerator behind :mod:`json` (``_json``) directly: the same scanner and encoder
 ``json.loads``/``json.dumps`` run, without importing the ``json`` package (it pulls in ``re`` and ``enum``, which
 is a third of the action server's cold start). If ``_json`` is missing (another Python), :mod:`json` is used.
+
+A reply may carry one file descriptor as ``SCM_RIGHTS`` ancillary data (``send(..., fd=N)``, read with
+``recv_with_fd``): that is how the host gets its own copy of the sandbox shell's pty (see ``envhub.sandbox.attached``).
 """
 from __future__ import annotations
 
@@ -15,6 +18,8 @@ import struct
 
 MAX_FRAME = 512 << 20  # a frame larger than this is a protocol error, never an allocation
 _HEADER = struct.Struct(">I")
+_FD = struct.Struct("i")
+_SOL_SOCKET, _SCM_RIGHTS = 1, 1  # Linux values (socket.SOL_SOCKET, socket.SCM_RIGHTS), without importing socket
 
 
 class ProtocolError(ConnectionError):
@@ -61,11 +66,39 @@ def _codec():
 dumps, loads = _codec()
 
 
-def send(sock, obj: dict) -> None:
+def send(sock, obj: dict, fd: int | None = None) -> None:
     data = dumps(obj).encode("utf-8", errors="surrogatepass")
     if len(data) > MAX_FRAME:
         raise ProtocolError(f"frame of {len(data)} bytes exceeds the {MAX_FRAME}-byte limit")
-    sock.sendall(_HEADER.pack(len(data)) + data)
+    frame = _HEADER.pack(len(data)) + data
+    if fd is None:
+        sock.sendall(frame)
+        return
+    # the descriptor rides on the first byte; the kernel delivers it with the first recvmsg that reads that byte
+    sock.sendmsg([frame[:1]], [(_SOL_SOCKET, _SCM_RIGHTS, _FD.pack(fd))])
+    sock.sendall(frame[1:])
+
+
+def recv_with_fd(sock) -> tuple[dict, int | None]:
+    """Like :func:`recv`, for a reply that may carry a file descriptor (received close-on-exec). Returns
+    ``(obj, fd)``; ``fd`` is None if none came. The caller owns the descriptor."""
+    import socket
+
+    first, anc, _, _ = sock.recvmsg(1, socket.CMSG_SPACE(_FD.size), socket.MSG_CMSG_CLOEXEC)
+    if not first:
+        raise ProtocolError("connection closed by peer")
+    fd = None
+    for level, kind, payload in anc:
+        if level == _SOL_SOCKET and kind == _SCM_RIGHTS and len(payload) >= _FD.size:
+            fd = _FD.unpack_from(payload)[0]
+    try:
+        return _finish(sock, first), fd
+    except BaseException:
+        if fd is not None:
+            import os
+
+            os.close(fd)
+        raise
 
 
 def recv(sock) -> dict:
@@ -73,6 +106,11 @@ def recv(sock) -> dict:
     first = sock.recv(1 << 16)
     if not first:
         raise ProtocolError("connection closed by peer")
+    return _finish(sock, first)
+
+
+def _finish(sock, first: bytes) -> dict:
+    """The frame whose first bytes are ``first``: read the rest, decode, check."""
     if len(first) < _HEADER.size:
         first += _read_exact(sock, _HEADER.size - len(first))
     (n,) = _HEADER.unpack_from(first)

@@ -91,18 +91,41 @@ class Server:
     def op_ping(self, req: dict) -> dict:
         return {"pid": os.getpid(), "uid": os.getuid(), "cwd": self.workdir}
 
-    def op_shell(self, req: dict) -> dict:
+    def _shell(self):
+        """The sandbox's persistent bash, created on first use (its import and start are not paid by sandboxes that
+        never use a shell)."""
         if self.bash is None:
             from .bash import BashSession
 
             cmd_file = self.cfg.get("cmd_file") or os.path.join(self.rundir, ".cmd")
             self.bash = BashSession(self.workdir, self.env, cmd_file, _child_setup(self.child_limits))
-            self.bash.start()
+        return self.bash
+
+    def op_shell(self, req: dict) -> dict:
         t = time.monotonic()
         timeout = float(req.get("timeout") or self.timeout_s)
         limit = int(req.get("output_limit") or self.output_limit)
-        code, output, info = self.bash.run(str(req["command"]), timeout, limit)
+        code, output, info = self._shell().run(str(req["command"]), timeout, limit)
         return {"exit_code": code, "output": output, "duration_s": time.monotonic() - t, **info}
+
+    def op_shell_attach(self, req: dict) -> dict:
+        """Hand the host a copy of the shell's pty master, so short commands skip this server entirely (see
+        ``envhub.sandbox.attached``). The shell is started first if it is not running; ``restarted`` says a dead one
+        was replaced. ``exited``: the host saw the shell's terminal close (it may not have finished exiting)."""
+        bash = self._shell()
+        if req.get("exited"):
+            bash.close()
+        restarted = bash.ensure_started()
+        return {"restarted": restarted, "_fd": bash.proc.fd}
+
+    def op_shell_interrupt(self, req: dict) -> dict:
+        """The host's command on the attached pty timed out: interrupt it here, where the shell's process group can
+        be signalled, and replace the shell if it does not come back."""
+        bash = self._shell()
+        if not bash.alive:
+            return {"exit_code": 124, "output": "", "timed_out": True, "cut": 0, "restarted": True}
+        code, output, info = bash.settle(None, "timeout", OutputCap(int(req.get("output_limit") or self.output_limit)))
+        return {"exit_code": code, "output": output, **info}
 
     def op_edit(self, req: dict) -> dict:
         from .editor import Editor, EditorError
@@ -347,7 +370,7 @@ def main(argv: list[str]) -> int:
                     break
                 reply = server.handle(req)
                 try:
-                    protocol.send(conn, reply)
+                    protocol.send(conn, reply, reply.pop("_fd", None))
                 except (protocol.ProtocolError, OSError):
                     break
                 if req.get("op") == "shutdown":
