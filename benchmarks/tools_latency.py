@@ -1,6 +1,6 @@
 """Round-trip latency of one shell command: our bash tool in a bwrap sandbox vs the usual alternatives, one run.
 
-    .venv/bin/python benchmarks/tools_latency.py [--n 300]
+    .venv/bin/python benchmarks/tools_latency.py [--n 1000]
 
 Measured, for a builtin (``:``) and an external command (``/bin/true``):
 
@@ -60,8 +60,12 @@ class RawPty:
 
 
 def bench_interleaved(n: int) -> dict[str, dict[str, list[float]]]:
-    """envhub, raw ptyprocess and subprocess.run, interleaved command by command so they share the machine's noise
-    (other work on a 2-core box moves all three alike instead of skewing whichever ran during a busy second)."""
+    """envhub and raw ptyprocess interleaved command by command, so they share the machine's noise (other work on a
+    2-core box moves both alike instead of skewing whichever ran during a busy second); who goes first alternates.
+
+    ``subprocess.run`` is timed in its own block afterwards: each run forks this process, which marks all its memory
+    copy-on-write, so whatever runs next pays page faults in proportion to the memory it touches -- a cost of the
+    fork baseline that interleaving would bill to its neighbours."""
     from envhub.sandbox import SandboxSpec, start
     from envhub.tools import bash_tool
 
@@ -69,21 +73,23 @@ def bench_interleaved(n: int) -> dict[str, dict[str, list[float]]]:
         sandbox = start(SandboxSpec(runtime="bwrap"))
 
     tool, raw = bash_tool(), RawPty()
-    methods = {
-        "envhub bash tool (bwrap)": lambda cmd: tool.run(Env, {"command": cmd}),
-        "raw ptyprocess (in-process)": raw.run,
-        "subprocess.run per command": lambda cmd: subprocess.run(["bash", "-c", cmd], capture_output=True),
-    }
-    out: dict[str, dict[str, list[float]]] = {m: {k: [] for k in COMMANDS} for m in methods}
+    pair = [("envhub bash tool (bwrap)", lambda cmd: tool.run(Env, {"command": cmd})),
+            ("raw ptyprocess (in-process)", raw.run)]
+    fork = "subprocess.run per command"
+    out: dict[str, dict[str, list[float]]] = {m: {k: [] for k in COMMANDS} for m, _ in pair + [(fork, None)]}
     try:
         for kind, cmd in COMMANDS.items():
             assert tool.run(Env, {"command": cmd}).content == "[exit code: 0]"
             for i in range(n + 20):
-                for method, fn in methods.items():
+                for method, fn in (pair if i % 2 else pair[::-1]):
                     t = time.perf_counter()
                     fn(cmd)
                     if i >= 20:  # warm-up
                         out[method][kind].append(time.perf_counter() - t)
+            for i in range(min(n, 300)):
+                t = time.perf_counter()
+                subprocess.run(["bash", "-c", cmd], capture_output=True)
+                out[fork][kind].append(time.perf_counter() - t)
     finally:
         Env.sandbox.stop()
         raw.close()
@@ -123,7 +129,7 @@ def bench_tmux(n: int, poll_s: float = 0.01) -> dict[str, list[float]] | None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--n", type=int, default=300, help="commands per method and kind")
+    ap.add_argument("--n", type=int, default=1000, help="commands per method and kind")
     ap.add_argument("--tmux-n", type=int, default=30, help="commands for tmux (each takes >= 10 ms)")
     args = ap.parse_args()
     results = bench_interleaved(args.n)

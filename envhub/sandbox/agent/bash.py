@@ -6,7 +6,7 @@ milliseconds per command; here we block on the pty fd and stop reading the momen
 
 How one command runs: its text is written to a file and the shell is sent one short line::
 
-    . /run/envhub/.cmd <&99; __envhub_done <token> $?
+    . /run/envhub/.cmd <&99; printf '__ENVHUB_%s_%d__\\n' <token> $?
 
 (a short one-line command is typed as ``eval '<command>' <&99`` instead). Sourcing keeps ``cd``/``export``/functions
 in the shell and lifts the 4 KiB line limit of the tty; ``<&99`` (a /dev/null the shell keeps open: a dup is ~15 µs
@@ -28,12 +28,11 @@ from typing import Callable
 
 from .limits import OutputCap
 
-_SENTINEL_ANY = rb"\n?__ENVHUB_[0-9a-f]{16}_-?\d+__\n?"  # compiled only on the (rare) timeout path
+_SENTINEL_ANY = rb"__ENVHUB_[0-9a-f]{16}_-?\d+__\n?"  # compiled only on the (rare) timeout path
 _INIT = (
     "PS1=''; PS2=''; PS0=''; PROMPT_COMMAND=''; unset HISTFILE; set +o history; set +H; "
     "export PAGER=cat GIT_PAGER=cat MANPAGER=cat SYSTEMD_PAGER='' TERM=dumb; "
-    # bash reads a tty one byte per read(2): a short function keeps the per-command line short
-    "__envhub_done() { printf '\\n__ENVHUB_%s_%d__\\n' \"$1\" \"$2\"; }; exec 99</dev/null"
+    "exec 99</dev/null"
 )
 NULL_FD = "99"  # the shell's own /dev/null, commands' stdin: high enough that scripts do not pick it by hand
 _NULL_FD_LOST = b"99: Bad file descriptor\n"  # what bash says if a command closed it: reopen it and type again
@@ -41,8 +40,9 @@ _NULL_FD_LOST = b"99: Bad file descriptor\n"  # what bash says if a command clos
 
 INLINE_MAX = 2000  # well under the tty's 4095-byte line limit, with room for the wrapper
 SHELL_EXITED = "\n[the shell exited; a new shell will be started for the next command]"
-DONE_FN = "__envhub_done"  # defined by _INIT; prints the sentinel
-DONE_PRINTF = "printf '\\n__ENVHUB_%s_%d__\\n'"  # the same, for before _INIT ran (or if a command removed it)
+# prints the sentinel. Typed in full each time rather than kept in a shell function: a command cannot break it by
+# redefining the function, and calling a function measured no cheaper than typing the 17 extra bytes
+DONE = "printf '__ENVHUB_%s_%d__\\n'"  # one line: a tty flushes printf at every newline, so one write, one wake-up
 
 
 def inline_line(command: str) -> str | None:
@@ -69,11 +69,10 @@ def strip_sentinels(text: str) -> str:
     """Remove sentinels from the output of an interrupted command (one may come out late: not the model's business)."""
     import re
 
-    return re.sub(_SENTINEL_ANY, b"\n", text.encode()).decode()
+    return re.sub(_SENTINEL_ANY, b"", text.encode()).decode()
 
 
-def roundtrip(fd: int, line: str, timeout: float, cap: OutputCap, done: str = DONE_FN, status: str = "$?",
-              heal: bool = True):
+def roundtrip(fd: int, line: str, timeout: float, cap: OutputCap, status: str = "$?", heal: bool = True):
     """Type ``line`` plus the sentinel on the pty master ``fd`` and read until the sentinel comes back.
 
     Returns ``(code, tail, state)``: ``state`` is ``"done"`` (``code`` is the exit status), ``"timeout"`` or ``"eof"``
@@ -82,17 +81,17 @@ def roundtrip(fd: int, line: str, timeout: float, cap: OutputCap, done: str = DO
     the host's (see :mod:`envhub.sandbox.attached`).
     """
     token = os.urandom(8).hex()
-    marker = b"\n__ENVHUB_" + token.encode() + b"_"
+    marker = b"__ENVHUB_" + token.encode() + b"_"
     keep = 64  # bytes held back so a sentinel split across reads is still found
-    # one line: a second line would cost bash another read cycle (~0.3 ms)
-    os.write(fd, f"{line}; {done} {token} {status}\n".encode())
-    pending = b"\n"  # lets a sentinel at the very start match, and is never fed to the output
-    fed_newline = False
+    # one line: a second line would cost bash another read cycle
+    os.write(fd, f"{line}; {DONE} {token} {status}\n".encode())
+    pending = b""
+    fed = False  # whether some output was already passed on to cap
     deadline = time.monotonic() + timeout
     while True:
         left = deadline - time.monotonic()
         if left <= 0:
-            cap.feed(pending[1:] if not fed_newline else pending)
+            cap.feed(pending)
             return None, cap.tail_bytes().decode("utf-8", "replace"), "timeout"
         r, _, _ = select.select([fd], [], [], left)
         if not r:
@@ -102,7 +101,7 @@ def roundtrip(fd: int, line: str, timeout: float, cap: OutputCap, done: str = DO
         except OSError:  # EIO: the pty's other side is gone
             data = b""
         if not data:
-            cap.feed(pending[1:] if not fed_newline else pending)
+            cap.feed(pending)
             return None, cap.tail_bytes().decode("utf-8", "replace"), "eof"
         pending += data
         at = pending.find(marker)
@@ -110,16 +109,16 @@ def roundtrip(fd: int, line: str, timeout: float, cap: OutputCap, done: str = DO
         if end < 0 and at >= 0:  # a tty that still translates newlines
             end = pending.find(b"__\r\n", at + len(marker))
         if end >= 0:
-            out = pending[(0 if fed_newline else 1): at]
+            out = pending[:at]
             code = int(pending[at + len(marker): end])
-            if code == 1 and not fed_newline and out.endswith(_NULL_FD_LOST) and _null_fd_lost(out) and heal:
+            if code == 1 and not fed and out.endswith(_NULL_FD_LOST) and _null_fd_lost(out) and heal:
                 # a command closed (or moved) the shell's /dev/null, so this one never ran: reopen it, type again
-                return roundtrip(fd, "exec 99</dev/null; " + line, timeout, cap, done, status, heal=False)
+                return roundtrip(fd, "exec 99</dev/null; " + line, timeout, cap, status, heal=False)
             cap.feed(out)
             return code, "", "done"
         if len(pending) > keep and at < 0:
-            cap.feed(pending[(0 if fed_newline else 1): -keep])
-            fed_newline = True
+            cap.feed(pending[:-keep])
+            fed = True
             pending = pending[-keep:]
 
 
@@ -136,7 +135,6 @@ class BashSession:
         self.cwd, self.env, self.cmd_file, self.preexec_fn = cwd, dict(env), cmd_file, preexec_fn
         self.bash = bash or shutil.which("bash", path=env.get("PATH")) or "/bin/bash"
         self.proc = None
-        self.ready = False
 
     # ---- lifecycle ------------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -144,9 +142,7 @@ class BashSession:
 
         self.proc = PtyProcess.spawn([self.bash, "--norc", "--noprofile", "--noediting", "-i"], cwd=self.cwd,
                                      env=self.env, echo=False, dimensions=(50, 200), preexec_fn=self._child_setup)
-        self.ready = False
         code, out, _ = self._roundtrip(_INIT, timeout=10.0)
-        self.ready = code is not None
         if code is None:
             self.close()
             raise RuntimeError(f"bash did not start: {out[-500:]!r}")
@@ -259,7 +255,7 @@ class BashSession:
                 os.killpg(fg, signal.SIGKILL)
         except OSError:
             pass
-        code, _, state = self._roundtrip("true", 3.0, cap, status="130", inline=True)
+        code, _, state = self._roundtrip("true", 3.0, cap, status="130")
         return code if state == "done" else None
 
     def _drain(self, cap: OutputCap, seconds: float) -> None:
@@ -276,8 +272,6 @@ class BashSession:
                 return
             cap.feed(data)
 
-    def _roundtrip(self, line: str, timeout: float, cap: OutputCap | None = None, status: str = "$?",
-                   inline: bool = False):
+    def _roundtrip(self, line: str, timeout: float, cap: OutputCap | None = None, status: str = "$?"):
         """Send ``line`` plus the sentinel and read until the sentinel. Returns ``(code, tail, state)``."""
-        done = DONE_FN if self.ready and not inline else DONE_PRINTF
-        return roundtrip(self.proc.fd, line, timeout, cap if cap is not None else OutputCap(1 << 16), done, status)
+        return roundtrip(self.proc.fd, line, timeout, cap if cap is not None else OutputCap(1 << 16), status)
