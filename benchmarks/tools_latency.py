@@ -6,7 +6,8 @@ Measured, for a builtin (``:``) and an external command (``/bin/true``):
 
 * ``envhub bash tool``   BashTool.run -> Unix socket -> action server in a bwrap sandbox -> pty bash -> back
 * ``raw ptyprocess``     an in-process ptyprocess bash: write the command plus a sentinel, read until the sentinel
-                         (the floor for a persistent shell; no sandbox, no socket)
+                         (the floor for a persistent shell; no sandbox, no socket); also typing envhub's command
+                         line (``eval '<cmd>' <&99``), which separates the shell's extra work from the transport
 * ``subprocess.run``     a fresh ``bash -c`` per command (no persistent state)
 * ``tmux``               send-keys + capture-pane polled every 10 ms (how tmux-based agent runtimes work)
 
@@ -42,9 +43,16 @@ class RawPty:
 
         self.p = PtyProcess.spawn(["bash", "--norc", "--noprofile", "--noediting", "-i"], echo=False,
                                   env={"PATH": "/usr/bin:/bin", "PS1": "", "TERM": "dumb"})
-        self.p.write(b"PS1=''; PS2=''; stty -echo -onlcr\n")
+        self.p.write(b"PS1=''; PS2=''; stty -echo -onlcr; exec 99</dev/null\n")
         while select.select([self.p.fd], [], [], 0.3)[0]:
             os.read(self.p.fd, 65536)
+
+    def run_wrapped(self, cmd: str) -> None:
+        """The command as envhub types it (``eval`` so a syntax error cannot swallow the sentinel, stdin from
+        /dev/null): what is left between this and envhub is the transport, not the shell's work."""
+        from envhub.sandbox.agent.bash import inline_line
+
+        self.run(inline_line(cmd))
 
     def run(self, cmd: str) -> None:
         token = uuid.uuid4().hex[:12]
@@ -60,8 +68,9 @@ class RawPty:
 
 
 def bench_interleaved(n: int) -> dict[str, dict[str, list[float]]]:
-    """envhub and raw ptyprocess interleaved command by command, so they share the machine's noise (other work on a
-    2-core box moves both alike instead of skewing whichever ran during a busy second); who goes first alternates.
+    """envhub and raw ptyprocess (the bare command, and envhub's command line) interleaved command by command, so they
+    share the machine's noise (other work on a 2-core box moves all alike instead of skewing whichever ran during a
+    busy second); who goes first rotates.
 
     ``subprocess.run`` is timed in its own block afterwards: each run forks this process, which marks all its memory
     copy-on-write, so whatever runs next pays page faults in proportion to the memory it touches -- a cost of the
@@ -74,14 +83,15 @@ def bench_interleaved(n: int) -> dict[str, dict[str, list[float]]]:
 
     tool, raw = bash_tool(), RawPty()
     pair = [("envhub bash tool (bwrap)", lambda cmd: tool.run(Env, {"command": cmd})),
-            ("raw ptyprocess (in-process)", raw.run)]
+            ("raw ptyprocess (in-process)", raw.run),
+            ("raw ptyprocess, envhub's command line", raw.run_wrapped)]
     fork = "subprocess.run per command"
     out: dict[str, dict[str, list[float]]] = {m: {k: [] for k in COMMANDS} for m, _ in pair + [(fork, None)]}
     try:
         for kind, cmd in COMMANDS.items():
             assert tool.run(Env, {"command": cmd}).content == "[exit code: 0]"
             for i in range(n + 20):
-                for method, fn in (pair if i % 2 else pair[::-1]):
+                for method, fn in pair[i % 3:] + pair[:i % 3]:  # who goes first rotates
                     t = time.perf_counter()
                     fn(cmd)
                     if i >= 20:  # warm-up
@@ -148,6 +158,8 @@ def main() -> None:
     for kind in COMMANDS:
         r = med[(ours, kind)] / med[(raw, kind)]
         print(f"{kind:9s} envhub / raw ptyprocess = {r:5.2f}x (target <= 1.2x)")
+        w = med[(ours, kind)] / med[("raw ptyprocess, envhub's command line", kind)]
+        print(f"{kind:9s} envhub / raw ptyprocess typing envhub's command line = {w:5.2f}x (the transport alone)")
         s = med[("subprocess.run per command", kind)] / med[(ours, kind)]
         print(f"{kind:9s} subprocess.run / envhub = {s:5.1f}x")
         if tmux:
