@@ -24,7 +24,8 @@ def _own_paths() -> dict[str, tuple[str, int]]:
     """{controller: (absolute dir of our own cgroup for it, version)} from /proc/self/cgroup."""
     out: dict[str, tuple[str, int]] = {}
     try:
-        lines = open("/proc/self/cgroup").read().splitlines()
+        with open("/proc/self/cgroup") as f:
+            lines = f.read().splitlines()
     except OSError:
         return out
     v2_controllers: list[str] = []
