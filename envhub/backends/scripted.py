@@ -82,7 +82,7 @@ class ScriptedBackend(LLMBackend):
         action = Action.coerce(self.policy(session.task, session.messages))
         text = session.codec.render_action(action)
         codec = session.codec
-        # the codec's own encoder when it has one (ChatCodec's is the raw fast pipeline, checked equal)
+        # the codec's own encoder when it has one (ChatCodec's fast path gives the tokenizer's ids: rollout.encoding)
         ids = list(codec.encode(text)) if hasattr(codec, "encode") else encode(codec.tokenizer, text)
         return play(ids, session.codec, params)
 

@@ -28,12 +28,14 @@ from __future__ import annotations
 import hashlib
 import json
 import weakref
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from envhub.env import Action, Message, ToolSpec
+from envhub.rollout.encoding import TextEncoder
+from envhub.rollout.frame_ids import FrameIds
 from envhub.rollout.frames import Frame, shape_of, window_safe  # noqa: F401 (window_safe re-exported)
+from envhub.rollout.messages import normalize_messages, tool_dicts
 from envhub.rollout.toolcall import ToolCallParser, auto_parser_name, get_parser, tool_prompt
 
 _PROBE = "\x00envhub-probe\x00"
@@ -44,47 +46,6 @@ _SHARED: "weakref.WeakKeyDictionary[Any, dict[tuple, ChatCodec]]" = weakref.Weak
 
 class ChatTemplateError(ValueError):
     """The chat template cannot extend the token record faithfully (or cannot render the conversation)."""
-
-
-@lru_cache(maxsize=4096)
-def _json_args(text: str) -> Any:
-    # Cached: the same history is rendered every turn. The parsed value is shared between renderings, which is
-    # safe because templates run in jinja's immutable sandbox (no method can modify a dict or list).
-    try:
-        return json.loads(text) if text.strip() else {}
-    except json.JSONDecodeError:
-        return text  # left as the model wrote it
-
-
-def normalize_messages(messages: list[Message]) -> list[dict[str, Any]]:
-    """Messages as chat templates expect them: tool-call ``arguments`` as dicts, ``None`` content as ``""``.
-
-    OpenAI messages carry arguments as a JSON string; Qwen and Llama templates apply ``tojson`` to them and would
-    quote the string a second time (vLLM parses them back the same way before rendering). The input is not
-    modified; parsed arguments may be shared with other calls, so treat the result as read-only.
-    """
-    out = []
-    for m in messages:
-        m = dict(m)
-        if m.get("content") is None:
-            m["content"] = ""
-        if m.get("tool_calls"):
-            calls = []
-            for c in m["tool_calls"]:
-                c = dict(c)
-                fn = c["function"] = dict(c["function"]) if isinstance(c.get("function"), dict) else c
-                if isinstance(fn.get("arguments"), str):
-                    fn["arguments"] = _json_args(fn["arguments"])
-                calls.append(c)
-            m["tool_calls"] = calls
-        out.append(m)
-    return out
-
-
-def _tool_dicts(tools: Any) -> list[dict[str, Any]] | None:
-    if not tools:
-        return None
-    return [t.to_openai() if isinstance(t, ToolSpec) else dict(t) for t in tools]
 
 
 class ChatCodec:
@@ -108,15 +69,15 @@ class ChatCodec:
                  chat_template: str | None = None, eos_token_ids: list[int] | None = None,
                  delta_window: bool | None = None):
         self.tokenizer = tokenizer
-        self.tools = _tool_dicts(tools)
+        self.tools = tool_dicts(tools)
         self.template_kwargs = dict(template_kwargs or {})
         self.chat_template = chat_template or self._template_of(tokenizer, self.tools)
         self.parser: ToolCallParser = get_parser(auto_parser_name(self.chat_template) if parser == "auto" else parser)
         self._compiled = self._compile(self.chat_template)
         # what apply_chat_template passes besides messages: the special tokens (bos_token...), then user kwargs
         self._render_kwargs = {**(getattr(tokenizer, "special_tokens_map", {}) or {}), **self.template_kwargs}
-        self._encode = self._fast_encoder(tokenizer)
-        self._decode = self._fast_decoder(tokenizer)
+        self.encoder = TextEncoder.shared(tokenizer)  # the fast, exact word path (envhub.rollout.encoding)
+        self._encode, self._decode = self.encoder.encode, self.encoder.decode
         self.end_of_turn, _ = self._probe_end_of_turn()
         self.end_of_turn_id = self._single_id(self.end_of_turn)
         ids = [self.end_of_turn_id] if eos_token_ids is None else list(eos_token_ids)
@@ -124,18 +85,20 @@ class ChatCodec:
             ids += [i for i in [getattr(tokenizer, "eos_token_id", None), *self._generation_config_eos()]
                     if isinstance(i, int)]
         self.eos_token_ids: list[int] = list(dict.fromkeys(ids))
+        self._eos_set = frozenset(self.eos_token_ids)
         self.delta_window = window_safe(self.chat_template) if delta_window is None else delta_window
         self.renders_tools = bool(self.tools) and self._renders_tools()
         """Whether the template shows ``tools`` to the model at all (SmolLM2's, for one, ignores them)."""
         self._verify_left = 2 if delta_window is None else 0
         self._frames: dict[tuple, Frame | None] = {}  # reply shape -> learned frame (None: not frameable)
+        self._frame_ids: dict[tuple, FrameIds | None] = {}  # reply shape -> its split encoding (None: not splittable)
 
     @classmethod
     def shared(cls, tokenizer: Any, *, tools: list[dict] | None = None, parser: str = "auto") -> ChatCodec:
         """A codec cached per (tokenizer, tools, parser): building one probes the template (milliseconds), and what
         it learns (end-of-turn token, verified window, frames) holds for every conversation with that template."""
         per_tok = _SHARED.setdefault(tokenizer, {})
-        key = (json.dumps(_tool_dicts(tools), sort_keys=True), parser if isinstance(parser, str) else id(parser))
+        key = (json.dumps(tool_dicts(tools), sort_keys=True), parser if isinstance(parser, str) else id(parser))
         codec = per_tok.get(key)
         if codec is None:
             codec = per_tok[key] = cls(tokenizer, tools=tools, parser=parser)
@@ -170,35 +133,15 @@ class ChatCodec:
         except Exception as e:  # jinja's TemplateError from raise_exception(), or a template bug on odd input
             raise ChatTemplateError(f"the chat template cannot render this conversation: {type(e).__name__}: {e}") from e
 
-    def encode(self, text: str) -> list[int]:
-        """Tokenize rendered text (special tokens in it are recognized; nothing is added around it)."""
-        return self._encode(text)
+    def encode(self, text: str, *, exact: bool = False) -> list[int]:
+        """Tokenize rendered text (special tokens in it are recognized; nothing is added around it).
+
+        ``exact=True`` always runs the tokenizer's own pipeline instead of the fast word path
+        (``envhub.rollout.encoding``): the fidelity check uses it, so that it never grades the fast path by itself."""
+        return self.encoder.rust_encode(text) if exact else self._encode(text)
 
     def decode(self, ids: list[int]) -> str:
         return self._decode(list(ids))
-
-    @staticmethod
-    def _fast_decoder(tokenizer: Any):
-        slow = lambda ids: tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)  # noqa: E731
-        backend = getattr(tokenizer, "backend_tokenizer", None)
-        if backend is None or not hasattr(backend, "decode"):
-            return slow
-        fast = lambda ids: backend.decode(ids, skip_special_tokens=False)  # noqa: E731
-        sample = list(range(256)) + list(getattr(tokenizer, "all_special_ids", []) or [])  # (len() can take 80 ms)
-        try:
-            return fast if fast(sample) == slow(sample) else slow  # the raw pipeline only when it agrees
-        except Exception:
-            return slow
-
-    @staticmethod
-    def _fast_encoder(tokenizer: Any):
-        slow = lambda text: list(tokenizer.encode(text, add_special_tokens=False))  # noqa: E731
-        backend = getattr(tokenizer, "backend_tokenizer", None) or getattr(tokenizer, "_tokenizer", None)
-        if backend is None or not hasattr(backend, "encode"):
-            return slow
-        fast = lambda text: backend.encode(text, add_special_tokens=False).ids  # noqa: E731
-        sample = "Héllo <|im_end|>\n  wörld 🙂 12345\t{\"a\": [1]}\r\n"
-        return fast if fast(sample) == slow(sample) else slow  # the raw pipeline is only used when it agrees
 
     def _probe_end_of_turn(self) -> tuple[str, str]:
         """Find the token the template closes an assistant turn with, and the text it puts after that token."""
@@ -251,9 +194,10 @@ class ChatCodec:
         return eos if isinstance(eos, list) else [eos] if isinstance(eos, int) else []
 
     # ---- the executor's API ----------------------------------------------------------------------------------
-    def prompt_ids(self, messages: list[Message]) -> list[int]:
-        """The template's rendering of ``messages`` plus the generation prompt, tokenized once."""
-        return self.encode(self.render(messages, add_generation_prompt=True))
+    def prompt_ids(self, messages: list[Message], *, exact: bool = False) -> list[int]:
+        """The template's rendering of ``messages`` plus the generation prompt, tokenized once (``exact``: see
+        :meth:`encode`)."""
+        return self.encode(self.render(messages, add_generation_prompt=True), exact=exact)
 
     def ends_turn(self, token_ids: list[int]) -> bool:
         """Whether sampled ids end with the template's end-of-turn token (pass this as ``delta_ids(sampled_eos=)``).
@@ -272,10 +216,8 @@ class ChatCodec:
         a ``</tool_call>`` stop must still close the call). Tool-call ids are ``call_<turn>_<i>`` when ``turn`` is
         given, else derived from the text, so replays give the same ids.
         """
-        ids = list(token_ids)
-        if ids and ids[-1] in self.eos_token_ids:
-            ids.pop()
-        text = self.decode(ids)
+        ids = token_ids[:-1] if token_ids and token_ids[-1] in self._eos_set else token_ids
+        text = self._decode(ids if type(ids) is list else list(ids))
         if stop:
             cuts = [text.find(s) + len(s) for s in stop if s and s in text]
             if cuts:
@@ -371,10 +313,34 @@ class ChatCodec:
         Cost: rendering the whole history each turn is O(length) per turn. For templates that pass a static locality
         screen (:func:`window_safe`), the codec renders only the opening messages plus the last assistant message
         (``delta_window``), after checking on the first turns that this gives the same text as the full rendering;
-        ``exact=True`` forces the full rendering (the fidelity check uses it).
+        ``exact=True`` forces the full rendering and the tokenizer's own pipeline (the fidelity check uses it). Once
+        a reply shape's frame is verified, its fixed special-token runs are encoded once and only the text around
+        the contents is encoded per turn (``envhub.rollout.frame_ids``).
         """
-        return self.encode(self.delta_text(history, new_messages, sampled_eos=sampled_eos,
-                                           add_generation_prompt=add_generation_prompt, exact=exact))
+        key = None
+        if self.delta_window and not exact:
+            key = shape_of(history, new_messages, sampled_eos, add_generation_prompt)
+            split = self._frame_ids.get(key)
+            if split is not None and split.unverified == 0 and history and history[-1].get("role") == "assistant":
+                return split.ids(new_messages, self._encode)  # the hot path
+        ids = self.encode(self.delta_text(history, new_messages, sampled_eos=sampled_eos,
+                                          add_generation_prompt=add_generation_prompt, exact=exact), exact=exact)
+        if key is not None:
+            self._learn_split(key, new_messages, ids)
+        return ids
+
+    def _learn_split(self, key: tuple, new_messages: list[Message], ids: list[int]) -> None:
+        """Plan the split ids of a verified frame; trust them only after they matched the whole text's ids."""
+        frame = self._frames.get(key)
+        if frame is None or frame.unverified > 0:
+            return
+        if key not in self._frame_ids:
+            self._frame_ids[key] = FrameIds.plan(frame.pieces, frame.strip, self.encoder.words, self._encode)
+        split = self._frame_ids[key]
+        if split is not None and split.unverified > 0:
+            split.unverified -= 1
+            if split.ids(new_messages, self._encode) != ids:
+                self._frame_ids[key] = None
 
     def tool_prompt(self) -> str | None:
         """Tool instructions for a template that does not show ``tools`` to the model (``renders_tools`` is False),

@@ -6,11 +6,13 @@ gradient is silently wrong. :func:`check_trajectory` proves the opposite, turn b
 
 1. ``response_ids``, ``response_mask`` and ``response_logprobs`` have one entry per token; the mask is 0/1;
    logprobs are finite, 0.0 on env tokens and at most 0 on sampled ones.
-2. ``prompt_ids`` are the chat template's rendering of the opening messages (plus generation prompt), tokenized.
+2. ``prompt_ids`` are the chat template's rendering of the opening messages (plus generation prompt), tokenized
+   by the tokenizer's own pipeline (never the executor's fast word path, which the check must not grade itself).
 3. The record alternates: the ids of assistant turn *k* (mask 1), then the env's reply to it (mask 0). With
    ``generations`` (what the backend returned), each turn's ids and logprobs must equal the sampled ones exactly.
 4. Each env span decodes to the template's rendering of the env messages after that turn (re-rendered from
-   ``traj.messages`` with :meth:`ChatCodec.delta_text`) and, with ``strict=True``, has exactly the codec's ids.
+   ``traj.messages`` with :meth:`ChatCodec.delta_text`) and, with ``strict=True``, has exactly the ids of that
+   text through the tokenizer's own pipeline.
 
 The result is a list of problems (empty: faithful). ``Trajectory.check`` calls this; :func:`check_file` checks a
 JSON-lines file, a JSON list, a parquet file or a ``datasets`` directory of trajectories (``envhub check-trajectory``).
@@ -116,7 +118,7 @@ def check_trajectory(traj: Trajectory | dict[str, Any], tokenizer_or_codec: Any,
     turns = [i for i, m in enumerate(msgs) if m.get("role") == "assistant"]
     opening = msgs[: turns[0]] if turns else msgs
     try:
-        want = codec.prompt_ids(opening)
+        want = codec.prompt_ids(opening, exact=True)
     except ChatTemplateError as e:
         return problems + [f"cannot render the opening messages: {e}"]
     if list(traj.prompt_ids) != want:

@@ -39,14 +39,17 @@ def window_safe(chat_template: str) -> bool:
 
 def shape_of(history: list[dict[str, Any]], new_messages: list[dict[str, Any]], sampled_eos: bool,
              add_generation_prompt: bool) -> tuple | None:
-    """The key frames are cached under, or ``None`` when the reply is not frameable (non-text content, extras)."""
+    """The key frames are cached under, or ``None`` when the reply is not frameable (non-text content, extras).
+
+    Keys are taken in the message's own order (no sort: this runs every turn); the same keys in another order are
+    another shape, learned once more, which costs a template rendering and nothing else."""
     parts = []
     for m in new_messages:
-        if not isinstance(m.get("content"), str) or not set(m) <= _SIMPLE_KEYS:
+        if not isinstance(m.get("content"), str) or not _SIMPLE_KEYS.issuperset(m):
             return None
-        parts.append((m.get("role"), tuple(sorted(m))))
-    last = history[-1] if history else {}
-    return tuple(parts), len(last.get("tool_calls") or ()), sampled_eos, add_generation_prompt
+        parts.append((m.get("role"), tuple(m)))
+    calls = history[-1].get("tool_calls") if history else None
+    return tuple(parts), len(calls) if calls else 0, sampled_eos, add_generation_prompt
 
 
 class Frame:
@@ -57,8 +60,12 @@ class Frame:
         self.unverified = VERIFY_USES
 
     def fill(self, new_messages: list[dict[str, Any]]) -> str:
-        out = [self.pieces[0]]
-        for m, piece in zip(new_messages, self.pieces[1:]):
+        pieces = self.pieces
+        if len(pieces) == 2:  # one message, the common case: no list, no join
+            content = new_messages[0]["content"]
+            return pieces[0] + (content.strip() if self.strip else content) + pieces[1]
+        out = [pieces[0]]
+        for m, piece in zip(new_messages, pieces[1:]):
             out.append(m["content"].strip() if self.strip else m["content"])
             out.append(piece)
         return "".join(out)

@@ -51,3 +51,11 @@ def text_codec(tok):
     from envhub.rollout.chat import ChatCodec
 
     return ChatCodec(tok)
+
+
+@pytest.fixture(scope="session")
+def built():
+    """Offline-trained tokenizers over the pipelines the fast encoder covers and those it refuses (built_tokenizers)."""
+    from built_tokenizers import built_tokenizers
+
+    return built_tokenizers()
