@@ -9,9 +9,14 @@ reply tokenization, bookkeeping, decoding, env call. OpenRLHF's env replies are 
 * ``openrlhf (chat template)``: the reply rendered by ``apply_chat_template`` (right for any model), which is what
   envhub does for every env.
 
+The env and its verifier are both microseconds of pure Python and say so (``blocking = False``, as a real cheap env
+and answer checker would): envhub then calls them inline instead of through a worker thread. The default,
+a verifier graded in a worker thread (one ~100 µs hop per episode), is measured too and printed on its own line.
+
 Run it with the trainer virtualenv (OpenRLHF installed there): ``.venv-trainers/bin/python
-benchmarks/executor_overhead.py``. Prints µs per turn for each and the ratios. The stand-ins for the vLLM engine and
-its ``SamplingParams`` are named as such (they cannot run here: no GPU).
+benchmarks/executor_overhead.py``. Prints µs per turn for each, the ratios, and where envhub's time goes (from the
+trajectories' own stage timings). The stand-ins for the vLLM engine and its ``SamplingParams`` are named as such
+(they cannot run here: no GPU).
 """
 from __future__ import annotations
 
@@ -25,6 +30,7 @@ from envhub import EnvSpec, Response, TextEnv
 from envhub.backends.base import Generation, LLMBackend
 from envhub.rollout.chat import ChatCodec
 from envhub.rollout.executor import RolloutConfig, rollout
+from envhub.verifier import FunctionVerifier
 
 TURNS = 32
 EPISODES = 40
@@ -46,8 +52,14 @@ class Loop(TextEnv):
                         done=left <= 0, artifacts={"answer": action.text})
 
 
-SPEC = EnvSpec(id="bench-loop", env=Loop, tasks=lambda s: [{"task_id": "t"}], verifier=lambda t, a: True,
-               golden=lambda t, m: "1", max_turns=TURNS + 1)
+def accept(task, artifacts):
+    return True
+
+
+SPEC = EnvSpec(id="bench-loop", env=Loop, tasks=lambda s: [{"task_id": "t"}],
+               verifier=FunctionVerifier(accept, blocking=False), golden=lambda t, m: "1", max_turns=TURNS + 1)
+THREADED = EnvSpec(id="bench-loop", env=Loop, tasks=lambda s: [{"task_id": "t"}], verifier=accept,
+                   golden=lambda t, m: "1", max_turns=TURNS + 1)  # the default: grading in a worker thread
 
 
 def load_tokenizer():
@@ -68,13 +80,22 @@ class InstantBackend(LLMBackend):
         return Generation(list(self.ids), [-0.25] * len(self.ids))
 
 
-async def run_envhub(tok, ids) -> float:
+STAGES = ("init_s", "run_s", "eval_s", "gen_s", "env_s")
+
+
+async def run_envhub(tok, ids, spec=SPEC, stages: dict | None = None) -> float:
+    """µs per turn; ``stages`` (if given) accumulates the trajectories' stage timings, in seconds."""
     backend, cfg = InstantBackend(ids), RolloutConfig(max_length=1_000_000)
     turns, t0 = 0, time.perf_counter()
     for _ in range(EPISODES):
-        traj = await rollout(SPEC, {"task_id": "t"}, backend, tok, cfg)
+        traj = await rollout(spec, {"task_id": "t"}, backend, tok, cfg)
         assert traj.finish_reason == "done", traj.error
         turns += traj.num_turns
+        if stages is not None:
+            for k in STAGES:
+                stages[k] = stages.get(k, 0.0) + traj.metrics[k]
+    if stages is not None:
+        stages["turns"] = stages.get("turns", 0) + turns
     return (time.perf_counter() - t0) / turns * 1e6
 
 
@@ -162,17 +183,29 @@ def main() -> None:
     codec = ChatCodec(tok)
     ids = codec.encode(ANSWER) + [codec.end_of_turn_id]
     text = ANSWER
-    results: dict[str, list[float]] = {"envhub": [], "openrlhf (hand-formatted)": [], "openrlhf (chat template)": []}
+    envhub_default = "envhub, verifier in a thread"
+    results: dict[str, list[float]] = {"envhub": [], envhub_default: [], "openrlhf (hand-formatted)": [],
+                                       "openrlhf (chat template)": []}
+    stages: dict = {}
     for _ in range(REPEATS):  # interleaved, so drift in machine load hits every contender alike
-        results["envhub"].append(asyncio.run(run_envhub(tok, ids)))
+        results["envhub"].append(asyncio.run(run_envhub(tok, ids, SPEC, stages)))
+        results[envhub_default].append(asyncio.run(run_envhub(tok, ids, THREADED)))
         results["openrlhf (hand-formatted)"].append(asyncio.run(run_openrlhf(tok, ids, text, "hand")))
         results["openrlhf (chat template)"].append(asyncio.run(run_openrlhf(tok, ids, text, "template")))
     print(f"tokenizer {name}; {EPISODES} episodes x {TURNS} turns, {REPEATS} repeats, median µs per turn")
     ours = statistics.median(results["envhub"])
     for label, values in results.items():
         med = statistics.median(values)
-        ratio = "" if label == "envhub" else f"   openrlhf/envhub = {med / ours:.2f}x"
-        print(f"  {label:28s} {med:9.1f} µs/turn{ratio}")
+        ratio = "" if label.startswith("envhub") else f"   openrlhf/envhub = {med / ours:.2f}x"
+        print(f"  {label:30s} {med:9.1f} µs/turn{ratio}")
+    per_turn = {k: stages[k] / stages["turns"] * 1e6 for k in STAGES}
+    own = per_turn["run_s"] - per_turn["gen_s"] - per_turn["env_s"]
+    print("envhub per turn, all repeats (the trajectories' stage timings):")
+    print(f"  executor loop: decode, delta tokenization, record  {own:6.1f} µs")
+    print(f"  stand-in backend (generate)                        {per_turn['gen_s']:6.1f} µs")
+    print(f"  env.step (the env's own work)                      {per_turn['env_s']:6.1f} µs")
+    print(f"  per episode / {TURNS}: init (env, reset, prompt)       {per_turn['init_s']:6.1f} µs")
+    print(f"  per episode / {TURNS}: grading                         {per_turn['eval_s']:6.1f} µs")
 
 
 if __name__ == "__main__":

@@ -35,11 +35,15 @@ class FunctionVerifier:
     """A verifier made from a function ``fn(task, artifacts) -> Score | float | bool``.
 
     A ``bool`` means pass/fail with reward 1/0; a ``float`` is the reward, passed when it reaches ``pass_threshold``.
+    ``blocking=False`` says ``fn`` is quick pure Python (an answer comparison): the executor then grades inline
+    instead of in a worker thread, whose hop (~100 µs) would cost more than the grading (see :func:`averify`).
     """
 
-    def __init__(self, fn: Callable[[Task, dict[str, Any]], Score | float | bool], pass_threshold: float = 1.0):
+    def __init__(self, fn: Callable[[Task, dict[str, Any]], Score | float | bool], pass_threshold: float = 1.0,
+                 *, blocking: bool = True):
         self.fn = fn
         self.pass_threshold = pass_threshold
+        self.blocking = blocking
         self.__name__ = getattr(fn, "__name__", type(self).__name__)
 
     def verify(self, task: Task, artifacts: dict[str, Any]) -> Score:
@@ -86,10 +90,13 @@ def safe_verify(verifier: Verifier, task: Task, artifacts: dict[str, Any]) -> Sc
 
 
 async def averify(verifier: Verifier, task: Task, artifacts: dict[str, Any]) -> Score:
-    """Async form of :func:`safe_verify`: uses ``verifier.averify`` when defined, else a worker thread."""
+    """Async form of :func:`safe_verify`: uses ``verifier.averify`` when defined, runs inline when the verifier says
+    ``blocking = False`` (like ``TextEnv.blocking``), else in a worker thread so a slow grader never blocks the loop."""
     if hasattr(verifier, "averify"):
         try:
             return await verifier.averify(task, artifacts or {})
         except Exception as e:
             return Score(0.0, False, {"error": f"verifier crashed: {type(e).__name__}: {e}"})
+    if getattr(verifier, "blocking", True) is False:
+        return safe_verify(verifier, task, artifacts)
     return await asyncio.to_thread(safe_verify, verifier, task, artifacts)

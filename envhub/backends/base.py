@@ -54,7 +54,10 @@ class LLMBackend(ABC):
 
     @abstractmethod
     async def generate(self, prompt_ids: list[int], params: SamplingParams, *, session_id: str = "") -> Generation:
-        """Sample a continuation of ``prompt_ids``."""
+        """Sample a continuation of ``prompt_ids``.
+
+        ``prompt_ids`` is the executor's own running context list (it is extended in place after each turn rather
+        than rebuilt): read it during the call, copy it to keep it (``list(prompt_ids)``), never modify it."""
 
     def open_session(self, session_id: str, *, task: Any = None, messages: list | None = None, codec: Any = None) -> None:
         """Called by the executor before a rollout's first turn. ``messages`` is the live conversation list (the

@@ -122,33 +122,42 @@ class Episode:
 
     # ---- the loop ------------------------------------------------------------------------------------------------
     async def _loop(self) -> None:
-        t, env, codec, cfg = self.traj, self.env, self.codec, self.config
+        t, env, codec, cfg, backend = self.traj, self.env, self.codec, self.config, self.backend
         max_turns = cfg.max_turns or getattr(env, "max_turns", self.spec.max_turns)
         max_length = cfg.max_length
         if cfg.max_response_length is not None:
             max_length = min(max_length, len(t.prompt_ids) + cfg.max_response_length)
+        # Per-turn work is a few microseconds, so the loop keeps what it touches in locals, and it keeps the
+        # context the model sees (prompt + response so far) as one list it extends, instead of concatenating
+        # prompt_ids + response_ids every turn (O(length) per turn). Backends read it during generate() only.
+        context = t.prompt_ids + t.response_ids
+        response_ids, mask, logprobs, metrics = t.response_ids, t.response_mask, t.response_logprobs, t.metrics
+        sampling, session_id, clock = cfg.sampling, self.session_id, time.perf_counter
         while True:
-            budget = max_length - len(t.prompt_ids) - len(t.response_ids)
+            budget = max_length - len(context)
             if budget <= 0:
                 return self._cut("length")
-            params = cfg.sampling if cfg.sampling.max_tokens <= budget else replace(cfg.sampling, max_tokens=budget)
-            t0 = time.perf_counter()
-            gen = await self.backend.generate(t.prompt_ids + t.response_ids, params, session_id=self.session_id)
-            t.metrics["gen_s"] += time.perf_counter() - t0
-            t.response_ids += gen.token_ids
-            t.response_mask += [1] * len(gen.token_ids)
-            t.response_logprobs += [float(x) for x in gen.logprobs]
+            params = sampling if sampling.max_tokens <= budget else replace(sampling, max_tokens=budget)
+            t0 = clock()
+            gen = await backend.generate(context, params, session_id=session_id)
+            t1 = clock()
+            metrics["gen_s"] += t1 - t0
+            ids = gen.token_ids
+            response_ids += ids
+            context += ids
+            mask += [1] * len(ids)
+            logprobs += map(float, gen.logprobs)
             t.num_turns += 1
             # True only for the template's own end-of-turn token: after another EOS the delta must still close the turn
-            self._sampled_eos = codec.ends_turn(gen.token_ids)
-            message, action = codec.assistant_message(gen.token_ids, turn=t.num_turns, stop=params.stop or None)
+            self._sampled_eos = codec.ends_turn(ids)
+            message, action = codec.assistant_message(ids, turn=t.num_turns, stop=params.stop or None)
             self.messages.append(message)
             if gen.finish_reason == "length":
                 return self._cut("length")
 
-            t0 = time.perf_counter()
+            t0 = clock()
             obs, reward, terminated, truncated, info = await env.astep(action)
-            t.metrics["env_s"] += time.perf_counter() - t0
+            metrics["env_s"] += clock() - t0
             t.step_rewards.append(float(reward))
             if terminated or truncated:
                 self.artifacts = info.get("artifacts") or {}
@@ -158,11 +167,12 @@ class Episode:
                 return None
             delta = codec.delta_ids(self.messages, obs, sampled_eos=self._sampled_eos)
             self.messages.extend(obs)
-            if len(t.prompt_ids) + len(t.response_ids) + len(delta) >= max_length:
+            if len(context) + len(delta) >= max_length:
                 return self._cut("length")  # the env's reply does not fit: stop before it, as a length cut
-            t.response_ids += delta
-            t.response_mask += [0] * len(delta)
-            t.response_logprobs += [0.0] * len(delta)
+            response_ids += delta
+            context += delta
+            mask += [0] * len(delta)
+            logprobs += [0.0] * len(delta)
             if t.num_turns >= max_turns:
                 return self._cut("max_turns")
 

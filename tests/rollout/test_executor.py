@@ -85,6 +85,47 @@ def test_max_turns_cuts_a_multi_turn_episode(tiny_tokenizer):
     assert len(t.action_ranges) == 3 and check_trajectory(t, tiny_tokenizer) == []
 
 
+class Recording(Scripted):
+    """Keeps a copy of the context of every call (the executor passes its running list: copy to keep)."""
+
+    def __init__(self, ids):
+        super().__init__(ids)
+        self.contexts = []
+
+    async def generate(self, prompt_ids, params, *, session_id=""):
+        self.contexts.append(list(prompt_ids))
+        return await super().generate(prompt_ids, params, session_id=session_id)
+
+
+def test_each_turn_the_backend_sees_exactly_the_record_so_far(tiny_tokenizer):
+    spec = envhub.get_spec("guess-number")
+    task = dict(spec.load_tasks()[2])
+    wrong = tiny_tokenizer.encode(str(task["high"] + 1), add_special_tokens=False)
+    backend = Recording(wrong + [tiny_tokenizer.convert_tokens_to_ids("<|im_end|>")])
+    t = run(rollout(spec, task, backend, tiny_tokenizer, RolloutConfig(max_turns=4)))
+    full = t.prompt_ids + t.response_ids
+    assert [len(c) for c in backend.contexts] == [len(t.prompt_ids) + s for s, _ in t.action_ranges]
+    assert all(c == full[:len(c)] for c in backend.contexts)
+
+
+def test_a_non_blocking_verifier_grades_on_the_event_loop(tiny_tokenizer):
+    from envhub.verifier import FunctionVerifier
+
+    threads = []
+
+    def grade(task, artifacts):
+        threads.append(threading.get_ident())
+        return True
+
+    spec, task = countdown_task()
+    for blocking in (True, False):
+        s = EnvSpec(id="c3", env=spec.env, tasks=spec.tasks, verifier=FunctionVerifier(grade, blocking=blocking),
+                    golden=spec.golden)
+        t = run(rollout(s, task, ScriptedBackend(spec.golden), tiny_tokenizer))
+        assert t.passed and t.reward == 1.0
+        assert (threads[-1] == threading.get_ident()) is (not blocking)
+
+
 def test_backend_failure_becomes_a_marked_trajectory(tiny_tokenizer):
     spec, task = countdown_task()
     backend = Scripted([1], fail=BackendError("server 127.0.0.1:1 refused the connection"))
