@@ -23,6 +23,9 @@ def render(result: Any, timeout: float | None) -> ToolResult:
     ``error=True`` marks calls that did not complete normally (timeout, restarted server, could not run); a command
     that ran and exited non-zero is an ordinary result (``grep`` finding nothing is not a tool failure).
     """
+    if result.exit_code == 0 and not (result.timed_out or result.restarted or result.error or result.cut):
+        out = result.output  # the usual case, without the bookkeeping below (same text)
+        return ToolResult(out.rstrip("\n") + "\n[exit code: 0]" if out else "[exit code: 0]")
     parts = [result.output.rstrip("\n")] if result.output else []
     notes = []
     if result.timed_out:

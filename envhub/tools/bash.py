@@ -35,7 +35,7 @@ class BashTool:
         if sb is None:
             return NO_SANDBOX
         command = arguments.get("command")
-        if not isinstance(command, str) or not command.strip():
+        if not isinstance(command, str) or not command or command.isspace():
             return ToolResult("Error: `command` must be a non-empty string.", error=True)
         timeout = clamp_timeout(arguments.get("timeout"), self.timeout, self.max_timeout)
         return render(sb.shell(command, timeout=timeout), timeout)

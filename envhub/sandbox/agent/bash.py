@@ -88,38 +88,37 @@ def roundtrip(fd: int, line: str, timeout: float, cap: OutputCap, status: str = 
     pending = b""
     fed = False  # whether some output was already passed on to cap
     deadline = time.monotonic() + timeout
+    left = timeout
     while True:
+        if select.select([fd], [], [], left)[0]:
+            try:
+                data = os.read(fd, 1 << 16)
+            except OSError:  # EIO: the pty's other side is gone
+                data = b""
+            if not data:
+                cap.feed(pending)
+                return None, cap.tail_bytes().decode("utf-8", "replace"), "eof"
+            pending += data
+            at = pending.find(marker)
+            end = pending.find(b"__\n", at + len(marker)) if at >= 0 else -1
+            if end < 0 and at >= 0:  # a tty that still translates newlines
+                end = pending.find(b"__\r\n", at + len(marker))
+            if end >= 0:
+                out = pending[:at]
+                code = int(pending[at + len(marker): end])
+                if code == 1 and not fed and out.endswith(_NULL_FD_LOST) and _null_fd_lost(out) and heal:
+                    # a command closed (or moved) the shell's /dev/null, so this one never ran: reopen it, retype
+                    return roundtrip(fd, "exec 99</dev/null; " + line, timeout, cap, status, heal=False)
+                cap.feed(out)
+                return code, "", "done"
+            if len(pending) > keep and at < 0:
+                cap.feed(pending[:-keep])
+                fed = True
+                pending = pending[-keep:]
         left = deadline - time.monotonic()
         if left <= 0:
             cap.feed(pending)
             return None, cap.tail_bytes().decode("utf-8", "replace"), "timeout"
-        r, _, _ = select.select([fd], [], [], left)
-        if not r:
-            continue
-        try:
-            data = os.read(fd, 1 << 16)
-        except OSError:  # EIO: the pty's other side is gone
-            data = b""
-        if not data:
-            cap.feed(pending)
-            return None, cap.tail_bytes().decode("utf-8", "replace"), "eof"
-        pending += data
-        at = pending.find(marker)
-        end = pending.find(b"__\n", at + len(marker)) if at >= 0 else -1
-        if end < 0 and at >= 0:  # a tty that still translates newlines
-            end = pending.find(b"__\r\n", at + len(marker))
-        if end >= 0:
-            out = pending[:at]
-            code = int(pending[at + len(marker): end])
-            if code == 1 and not fed and out.endswith(_NULL_FD_LOST) and _null_fd_lost(out) and heal:
-                # a command closed (or moved) the shell's /dev/null, so this one never ran: reopen it, type again
-                return roundtrip(fd, "exec 99</dev/null; " + line, timeout, cap, status, heal=False)
-            cap.feed(out)
-            return code, "", "done"
-        if len(pending) > keep and at < 0:
-            cap.feed(pending[:-keep])
-            fed = True
-            pending = pending[-keep:]
 
 
 class BashSession:

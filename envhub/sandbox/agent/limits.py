@@ -19,6 +19,8 @@ class OutputCap:
     was cut, so the reader never mistakes a truncated output for a complete one.
     """
 
+    __slots__ = ("limit", "head_limit", "tail_limit", "head", "tail", "total")
+
     def __init__(self, limit: int):
         self.limit = max(0, int(limit))
         self.head_limit = self.limit // 2
@@ -29,6 +31,9 @@ class OutputCap:
 
     def feed(self, data: bytes) -> None:
         self.total += len(data)
+        if not self.tail and len(self.head) + len(data) <= self.head_limit:  # the usual case: it all fits
+            self.head += data
+            return
         room = self.head_limit - len(self.head)
         if room > 0:
             self.head += data[:room]
