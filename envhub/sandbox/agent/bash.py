@@ -16,6 +16,9 @@ the shell reopens it. The printed sentinel carries the exit code; the literal se
 type, so echo cannot fake it. The shell runs interactively (``-i``, job control on) so each command is its own
 foreground process group: on timeout we send Ctrl-C, then SIGKILL that group, and the shell itself survives. If the
 shell stops answering or exits, a fresh one is started and the result says so.
+
+:func:`roundtrip` works on any copy of the pty master: the host usually types short commands on its own copy
+(:mod:`envhub.sandbox.attached`), so they never wake this server; :class:`BashSession` owns the shell.
 """
 from __future__ import annotations
 
