@@ -55,7 +55,8 @@ def sweep_stale(max_age_s: float = 600.0) -> list[str]:
         if name.startswith(".") or not os.path.isdir(d):
             continue
         try:
-            pid, started = open(os.path.join(d, "owner")).read().split()
+            with open(os.path.join(d, "owner")) as f:
+                pid, started = f.read().split()
             if _start_time(int(pid)) == started:
                 continue
         except (OSError, ValueError):
