@@ -32,13 +32,14 @@ from typing import Callable
 from .limits import OutputCap
 
 _SENTINEL_ANY = rb"__ENVHUB_[0-9a-f]{16}_-?\d+__\n?"  # compiled only on the (rare) timeout path
+NULL_FD = "99"  # the shell's own /dev/null, commands' stdin: high enough that scripts do not pick it by hand
+_OPEN_NULL_FD = f"exec {NULL_FD}</dev/null"
+_NULL_FD_LOST = f"{NULL_FD}: Bad file descriptor\n".encode()  # bash's answer if a command closed it: reopen, retype
 _INIT = (
     "PS1=''; PS2=''; PS0=''; PROMPT_COMMAND=''; unset HISTFILE; set +o history; set +H; "
     "export PAGER=cat GIT_PAGER=cat MANPAGER=cat SYSTEMD_PAGER='' TERM=dumb; "
-    "exec 99</dev/null"
+    + _OPEN_NULL_FD
 )
-NULL_FD = "99"  # the shell's own /dev/null, commands' stdin: high enough that scripts do not pick it by hand
-_NULL_FD_LOST = b"99: Bad file descriptor\n"  # what bash says if a command closed it: reopen it and type again
 
 
 INLINE_MAX = 2000  # well under the tty's 4095-byte line limit, with room for the wrapper
@@ -65,7 +66,7 @@ def inline_line(command: str) -> str | None:
 def _null_fd_lost(out: bytes) -> bool:
     import re
 
-    return re.fullmatch(rb"bash: (line \d+: )?99: Bad file descriptor\n", out) is not None
+    return re.fullmatch(rb"bash: (line \d+: )?" + re.escape(_NULL_FD_LOST), out) is not None
 
 
 def strip_sentinels(text: str) -> str:
@@ -111,7 +112,7 @@ def roundtrip(fd: int, line: str, timeout: float, cap: OutputCap, status: str = 
                 code = int(pending[at + len(marker): end])
                 if code == 1 and not fed and out.endswith(_NULL_FD_LOST) and _null_fd_lost(out) and heal:
                     # a command closed (or moved) the shell's /dev/null, so this one never ran: reopen it, retype
-                    return roundtrip(fd, "exec 99</dev/null; " + line, timeout, cap, status, heal=False)
+                    return roundtrip(fd, _OPEN_NULL_FD + "; " + line, timeout, cap, status, heal=False)
                 cap.feed(out)
                 return code, "", "done"
             if len(pending) > keep and at < 0:
