@@ -108,3 +108,24 @@ async def test_unknown_session_and_bad_policy_are_clear_errors(codec):
         ScriptedBackend("not a policy")
     with pytest.raises(ValueError, match="codec"):
         backend.open_session("s", task={}, messages=[])
+
+
+async def test_golden_backend_plays_the_env_of_the_current_job(codec):
+    """The service's GoldenBackend is a ScriptedBackend whose policy is the golden of the job in CURRENT_SPEC."""
+    from types import SimpleNamespace
+
+    from envhub.service.golden import CURRENT_SPEC, GoldenBackend
+
+    backend = GoldenBackend()
+    with pytest.raises(RuntimeError, match="CURRENT_SPEC"):  # outside the service's pipeline: refused at once
+        backend.open_session("s", task={}, messages=[], codec=codec)
+    for answer in ("first env", "second env"):
+        token = CURRENT_SPEC.set(SimpleNamespace(golden=lambda task, messages, a=answer: a))
+        try:
+            backend.open_session(answer, task={}, messages=[{"role": "user", "content": "go"}], codec=codec)
+            gen = await backend.generate([1], SamplingParams(), session_id=answer)
+        finally:
+            CURRENT_SPEC.reset(token)
+        assert gen.token_ids == _ids(codec, answer) + [codec.eos_token_ids[0]]
+        backend.close_session(answer)
+    assert backend.open_sessions == 0
