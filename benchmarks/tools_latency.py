@@ -1,6 +1,6 @@
 """Round-trip latency of one shell command: our bash tool in a bwrap sandbox vs the usual alternatives, one run.
 
-    .venv/bin/python benchmarks/tools_latency.py [--n 1000]
+    .venv/bin/python benchmarks/tools_latency.py [--n 2000] [--rounds 5]
 
 Measured, for a builtin (``:``) and an external command (``/bin/true``):
 
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import select
 import shutil
 import statistics
@@ -26,6 +27,7 @@ import time
 import uuid
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from envhub.sandbox.agent.bash import inline_line  # noqa: E402  (imported here, not per call: it would be timed)
 
 COMMANDS = {"builtin": ":", "external": "/bin/true"}
 
@@ -50,8 +52,6 @@ class RawPty:
     def run_wrapped(self, cmd: str) -> None:
         """The command as envhub types it (``eval`` so a syntax error cannot swallow the sentinel, stdin from
         /dev/null): what is left between this and envhub is the transport, not the shell's work."""
-        from envhub.sandbox.agent.bash import inline_line
-
         self.run(inline_line(cmd))
 
     def run(self, cmd: str) -> None:
@@ -67,10 +67,12 @@ class RawPty:
         self.p.terminate(force=True)
 
 
-def bench_interleaved(n: int) -> dict[str, dict[str, list[float]]]:
+def bench_interleaved(n: int, rounds: int) -> tuple[dict[str, dict[str, list[float]]], dict[str, list[float]]]:
     """envhub and raw ptyprocess (the bare command, and envhub's command line) interleaved command by command, so they
     share the machine's noise (other work on a 2-core box moves all alike instead of skewing whichever ran during a
-    busy second); who goes first rotates.
+    busy second), in an order shuffled at every step (a command runs faster right after another one in the same
+    process or shell: a fixed order would hand that warm-up to the same method each time). ``rounds`` repeats the
+    whole measurement; the envhub / raw ratio of each round is returned too, so a reader sees its spread.
 
     ``subprocess.run`` is timed in its own block afterwards: each run forks this process, which marks all its memory
     copy-on-write, so whatever runs next pays page faults in proportion to the memory it touches -- a cost of the
@@ -81,21 +83,32 @@ def bench_interleaved(n: int) -> dict[str, dict[str, list[float]]]:
     class Env:  # what a ToolEnv gives a tool: an object with a .sandbox
         sandbox = start(SandboxSpec(runtime="bwrap"))
 
-    tool, raw = bash_tool(), RawPty()
-    pair = [("envhub bash tool (bwrap)", lambda cmd: tool.run(Env, {"command": cmd})),
-            ("raw ptyprocess (in-process)", raw.run),
-            ("raw ptyprocess, envhub's command line", raw.run_wrapped)]
+    # each method has a shell of its own: a shell that just ran a command answers the next one faster (its pages
+    # and the CPU's caches are warm), so two methods sharing one bash would each run after a warm-up the others lack
+    tool, raw, raw_wrapped = bash_tool(), RawPty(), RawPty()
+    methods = [("envhub bash tool (bwrap)", lambda cmd: tool.run(Env, {"command": cmd})),
+               ("raw ptyprocess (in-process)", raw.run),
+               ("raw ptyprocess, envhub's command line", raw_wrapped.run_wrapped)]
     fork = "subprocess.run per command"
-    out: dict[str, dict[str, list[float]]] = {m: {k: [] for k in COMMANDS} for m, _ in pair + [(fork, None)]}
+    out: dict[str, dict[str, list[float]]] = {m: {k: [] for k in COMMANDS} for m, _ in methods + [(fork, None)]}
+    ratios: dict[str, list[float]] = {k: [] for k in COMMANDS}
+    shuffle = random.Random(0).shuffle
     try:
         for kind, cmd in COMMANDS.items():
             assert tool.run(Env, {"command": cmd}).content == "[exit code: 0]"
-            for i in range(n + 20):
-                for method, fn in pair[i % 3:] + pair[:i % 3]:  # who goes first rotates
-                    t = time.perf_counter()
-                    fn(cmd)
-                    if i >= 20:  # warm-up
-                        out[method][kind].append(time.perf_counter() - t)
+            for _ in range(rounds):
+                this: dict[str, list[float]] = {m: [] for m, _ in methods}
+                for i in range(n // rounds + 20):
+                    shuffle(methods)
+                    for method, fn in methods:
+                        t = time.perf_counter()
+                        fn(cmd)
+                        if i >= 20:  # warm-up
+                            this[method].append(time.perf_counter() - t)
+                for method, samples in this.items():
+                    out[method][kind] += samples
+                ratios[kind].append(statistics.median(this["envhub bash tool (bwrap)"])
+                                    / statistics.median(this["raw ptyprocess (in-process)"]))
             for i in range(min(n, 300)):
                 t = time.perf_counter()
                 subprocess.run(["bash", "-c", cmd], capture_output=True)
@@ -103,7 +116,8 @@ def bench_interleaved(n: int) -> dict[str, dict[str, list[float]]]:
     finally:
         Env.sandbox.stop()
         raw.close()
-    return out
+        raw_wrapped.close()
+    return out, ratios
 
 
 def bench_tmux(n: int, poll_s: float = 0.01) -> dict[str, list[float]] | None:
@@ -139,10 +153,11 @@ def bench_tmux(n: int, poll_s: float = 0.01) -> dict[str, list[float]] | None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--n", type=int, default=1000, help="commands per method and kind")
+    ap.add_argument("--n", type=int, default=2000, help="commands per method and kind")
+    ap.add_argument("--rounds", type=int, default=5, help="envhub / raw measured this many times, spread printed")
     ap.add_argument("--tmux-n", type=int, default=30, help="commands for tmux (each takes >= 10 ms)")
     args = ap.parse_args()
-    results = bench_interleaved(args.n)
+    results, ratios = bench_interleaved(args.n, args.rounds)
     tmux = bench_tmux(args.tmux_n)
     if tmux:
         results["tmux send-keys/capture-pane, 10 ms poll"] = tmux
@@ -157,7 +172,8 @@ def main() -> None:
     print()
     for kind in COMMANDS:
         r = med[(ours, kind)] / med[(raw, kind)]
-        print(f"{kind:9s} envhub / raw ptyprocess = {r:5.2f}x (target <= 1.2x)")
+        spread = ", ".join(f"{x:.2f}" for x in sorted(ratios[kind]))
+        print(f"{kind:9s} envhub / raw ptyprocess = {r:5.2f}x (target <= 1.2x; by round: {spread})")
         w = med[(ours, kind)] / med[("raw ptyprocess, envhub's command line", kind)]
         print(f"{kind:9s} envhub / raw ptyprocess typing envhub's command line = {w:5.2f}x (the transport alone)")
         s = med[("subprocess.run per command", kind)] / med[(ours, kind)]
