@@ -262,7 +262,7 @@ class Tool(Protocol):
     def run(self, env: ToolEnv, arguments: dict[str, Any]) -> ToolResult | str: ...
 
 
-@dataclass
+@dataclass(slots=True)  # no per-instance dict: one is made for every call
 class ToolResult:
     """What one tool call produced. ``done`` ends the episode (the ``finish`` tool); ``error`` marks a failed call."""
 

@@ -15,7 +15,7 @@ the host and the server never read the pty at the same time.
 from __future__ import annotations
 
 import os
-import time
+from time import monotonic
 from typing import TYPE_CHECKING
 
 from envhub.sandbox import base  # a module reference: base imports this module while it is being defined
@@ -36,48 +36,64 @@ class AttachedShell:
 
     def run(self, sandbox: Sandbox, line: str, timeout: float, output_limit: int) -> ExecResult | None:
         """Run one typed ``line`` (from :func:`.agent.bash.inline_line`). The caller holds ``sandbox._lock``."""
+        t0 = monotonic()
+        cap = OutputCap(output_limit)
+        if self.fd is not None:  # attached already: the usual case, kept short (every step shows in the latency)
+            try:
+                code, _, state = roundtrip(self.fd, line, timeout, cap)
+            except OSError:  # the pty is gone before our command was typed (the shell was replaced): attach again
+                self.close()
+                if sandbox.stopped:
+                    raise base.SandboxError(f"sandbox {sandbox.id} was stopped during shell") from None
+                return self._attach_and_run(sandbox, line, timeout, cap, t0)
+            if state == "done":
+                return base.ExecResult(code, cap.text(), "", False, cap.cut, monotonic() - t0, None, False)
+            return self._finish(sandbox, code, state, cap, t0, False)
+        return self._attach_and_run(sandbox, line, timeout, cap, t0)
+
+    def _attach_and_run(self, sandbox: Sandbox, line: str, timeout: float, cap: OutputCap, t0: float):
+        """Get the shell's pty from the server (which starts a shell if none runs), then run ``line`` on it."""
         ExecResult, ServerError, ServerRestarted = base.ExecResult, base.ServerError, base.ServerRestarted
-        t0 = time.monotonic()
         restarted = False
         for attempt in (0, 1):
             try:
-                if self.fd is None:
-                    reply = sandbox.request("shell_attach", exited=self.exited)
-                    self.fd = reply["fd"]
-                    restarted = restarted or (bool(reply.get("restarted")) and not self.exited)
-                    self.exited = False
-                cap = OutputCap(output_limit)
+                reply = sandbox.request("shell_attach", exited=self.exited)
+                self.fd = reply["fd"]
+                restarted = restarted or (bool(reply.get("restarted")) and not self.exited)
+                self.exited = False
                 code, _, state = roundtrip(self.fd, line, timeout, cap)
                 break
             except ServerRestarted as e:
                 return ExecResult(-1, f"Error: {e}", "", restarted=True, error=str(e))
             except ServerError:
                 return None
-            except OSError:
-                # the pty is gone before our command was typed (the shell and its terminal were replaced): attach
-                # the current one and type it again
+            except OSError:  # replaced again between attaching and typing: once more, then give up
                 self.close()
                 if sandbox.stopped:
                     raise base.SandboxError(f"sandbox {sandbox.id} was stopped during shell") from None
                 if attempt:
                     raise
+        return self._finish(sandbox, code, state, cap, t0, restarted)
+
+    def _finish(self, sandbox: Sandbox, code: int | None, state: str, cap: OutputCap, t0: float, restarted: bool):
+        """A round trip's outcome as an ``ExecResult``; a timed-out command is interrupted by the server."""
+        ExecResult, ServerError, ServerRestarted = base.ExecResult, base.ServerError, base.ServerRestarted
         if state == "done":
-            return ExecResult(code, cap.text(), "", False, cap.cut, time.monotonic() - t0, restarted=restarted)
+            return ExecResult(code, cap.text(), "", False, cap.cut, monotonic() - t0, restarted=restarted)
         if state == "eof":  # the command ended the shell (`exit`, `exec`): the server starts a new one on next attach
             self.close()
             if sandbox.stopped:  # ...or the sandbox was stopped under it, as the server path reports it
                 raise base.SandboxError(f"sandbox {sandbox.id} was stopped during shell")
             self.exited = True
-            return ExecResult(-1, cap.text() + SHELL_EXITED, "", False, cap.cut, time.monotonic() - t0,
-                              restarted=True)
+            return ExecResult(-1, cap.text() + SHELL_EXITED, "", False, cap.cut, monotonic() - t0, restarted=True)
         try:  # timeout: the server interrupts it (and replaces the shell if it does not come back)
-            r = sandbox.request("shell_interrupt", output_limit=output_limit)
+            r = sandbox.request("shell_interrupt", output_limit=cap.limit)
         except (ServerRestarted, ServerError) as e:
             self.close()
             return ExecResult(124, strip_sentinels(cap.text()) + f"\nError: {e}", "", True, cap.cut,
-                              time.monotonic() - t0, restarted=True, error=str(e))
+                              monotonic() - t0, restarted=True, error=str(e))
         return ExecResult(124, strip_sentinels(cap.text() + r["output"]), "", True, cap.cut + r["cut"],
-                          time.monotonic() - t0, restarted=restarted or bool(r["restarted"]))
+                          monotonic() - t0, restarted=restarted or bool(r["restarted"]))
 
     def close(self) -> None:
         """Let go of the pty (the shell itself is the server's to stop)."""

@@ -35,7 +35,7 @@ class RuntimeUnavailable(SandboxError):
     """The runtime's binary (bwrap, apptainer/singularity) is not installed or cannot work on this host."""
 
 
-@dataclass
+@dataclass(slots=True)  # no per-instance dict: one is made for every call
 class ExecResult:
     """What one command produced.
 
@@ -232,7 +232,7 @@ class Sandbox:
 
     def shell(self, command: str, *, timeout: float | None = None, output_limit: int | None = None) -> ExecResult:
         """Run ``command`` in the persistent bash (cwd, variables, functions persist). Output is in ``stdout``."""
-        line = inline_line(command) if self.attach_shell and not self.stopped else None
+        line = inline_line(command) if self.attach_shell else None
         if line is not None:
             with self._lock:
                 if not self.stopped:

@@ -30,6 +30,9 @@ class BashTool:
         "required": ["command"],
     }))
 
+    def __post_init__(self) -> None:
+        self.timeout = clamp_timeout(self.timeout, 60.0, self.max_timeout)  # once here, not on every call
+
     def run(self, env: Any, arguments: dict[str, Any]) -> ToolResult:
         sb = sandbox_of(env)
         if sb is None:
@@ -37,7 +40,8 @@ class BashTool:
         command = arguments.get("command")
         if not isinstance(command, str) or not command or command.isspace():
             return ToolResult("Error: `command` must be a non-empty string.", error=True)
-        timeout = clamp_timeout(arguments.get("timeout"), self.timeout, self.max_timeout)
+        timeout = arguments.get("timeout")
+        timeout = self.timeout if timeout is None else clamp_timeout(timeout, self.timeout, self.max_timeout)
         return render(sb.shell(command, timeout=timeout), timeout)
 
 

@@ -72,6 +72,12 @@ def test_output_cap_keeps_head_and_tail():
     small = OutputCap(100)
     small.feed(b"hello")
     assert small.text() == "hello" and small.cut == 0
+    quiet = OutputCap(100)  # no output (or only empty reads): nothing allocated, an empty result
+    quiet.feed(b"")
+    assert (quiet.text(), quiet.cut, quiet.total, quiet.tail_bytes()) == ("", 0, 0, b"")
+    nothing_kept = OutputCap(0)
+    nothing_kept.feed(b"abc")
+    assert nothing_kept.cut == 3 and nothing_kept.tail_bytes() == b"" and "3 bytes of output cut" in nothing_kept.text()
 
 
 def test_protocol_roundtrip_and_bad_frames():

@@ -84,3 +84,28 @@ def test_tools_without_a_sandbox_answer_with_an_error():
     env.reset(options={"task": {"task_id": "x"}})
     msgs, *_ = env.step(Action("", [ToolCall("bash", {"command": "ls"}, id="a")]))
     assert "no running sandbox" in msgs[0]["content"]
+
+
+def test_bash_tool_timeouts_are_clamped():
+    """The tool's default timeout is kept inside [1 s, max_timeout] once, at construction; a model's requested
+    timeout is clamped on each call (a junk value falls back to the default)."""
+    assert bash_tool(timeout=5000, max_timeout=600).timeout == 600
+    assert bash_tool(timeout=0.01).timeout == 1.0
+
+    class Recorder:
+        stopped, calls = False, []
+
+        def shell(self, command, timeout=None):
+            from envhub.sandbox import ExecResult
+
+            self.calls.append(timeout)
+            return ExecResult(0, "")
+
+    class Env:
+        sandbox = Recorder()
+
+    tool = bash_tool(timeout=30, max_timeout=100)
+    for asked in (None, 5, 10_000, "junk", -3):
+        assert tool.run(Env, {"command": "true", **({} if asked is None else {"timeout": asked})}).content \
+            == "[exit code: 0]"
+    assert Recorder.calls == [30, 5, 100, 30, 1.0]

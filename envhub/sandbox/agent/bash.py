@@ -23,6 +23,7 @@ shell stops answering or exits, a fresh one is started and the result says so.
 from __future__ import annotations
 
 import os
+import random
 import select
 import shutil
 import signal
@@ -47,6 +48,9 @@ SHELL_EXITED = "\n[the shell exited; a new shell will be started for the next co
 # prints the sentinel. Typed in full each time rather than kept in a shell function: a command cannot break it by
 # redefining the function, and calling a function measured no cheaper than typing the 17 extra bytes
 DONE = "printf '__ENVHUB_%s_%d__\\n'"  # one line: a tty flushes printf at every newline, so one write, one wake-up
+# sentinel tokens must differ from command to command and not turn up in output by chance; they need not be secret (a
+# command can read the line being run from a DEBUG trap anyway), so a seeded PRNG saves a getrandom(2) per command
+_tokens = random.Random(os.urandom(16))
 
 
 def inline_line(command: str) -> str | None:
@@ -58,9 +62,10 @@ def inline_line(command: str) -> str | None:
     eval's runtime error and the sentinel after it still runs; stdin from the shell's /dev/null (fd ``NULL_FD``)
     stops it from reading the next line.
     """
-    if len(command) > INLINE_MAX or not command.isascii() or not command.replace("\t", " ").isprintable():
-        return None
-    return "eval '" + command.replace("'", "'\\''") + "' <&" + NULL_FD
+    if len(command) <= INLINE_MAX and command.isascii() and (
+            command.isprintable() or command.replace("\t", " ").isprintable()):  # tabs are fine, rare: test again
+        return "eval '" + command.replace("'", "'\\''") + "' <&" + NULL_FD
+    return None
 
 
 def _null_fd_lost(out: bytes) -> bool:
@@ -84,11 +89,12 @@ def roundtrip(fd: int, line: str, timeout: float, cap: OutputCap, status: str = 
     ``tail`` is its last bytes, for error messages. Works on any copy of the master fd: the action server's own, or
     the host's (see :mod:`envhub.sandbox.attached`).
     """
-    token = os.urandom(8).hex()
-    marker = b"__ENVHUB_" + token.encode() + b"_"
-    keep = 64  # bytes held back so a sentinel split across reads is still found
+    token = "%016x" % _tokens.getrandbits(64)
     # one line: a second line would cost bash another read cycle
     os.write(fd, f"{line}; {DONE} {token} {status}\n".encode())
+    # the rest of the setup runs while the shell works on the command (there are other cores)
+    marker = b"__ENVHUB_" + token.encode() + b"_"
+    keep = 64  # bytes held back so a sentinel split across reads is still found
     pending = b""
     fed = False  # whether some output was already passed on to cap
     deadline = time.monotonic() + timeout
@@ -102,6 +108,10 @@ def roundtrip(fd: int, line: str, timeout: float, cap: OutputCap, status: str = 
             if not data:
                 cap.feed(pending)
                 return None, cap.tail_bytes().decode("utf-8", "replace"), "eof"
+            if not pending and data.startswith(marker):  # the sentinel alone: a quiet command, the usual case
+                end = data.find(b"__\n", len(marker))
+                if end >= 0:
+                    return int(data[len(marker):end]), "", "done"
             pending += data
             at = pending.find(marker)
             end = pending.find(b"__\n", at + len(marker)) if at >= 0 else -1

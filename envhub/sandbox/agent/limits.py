@@ -22,14 +22,24 @@ class OutputCap:
     __slots__ = ("limit", "head_limit", "tail_limit", "head", "tail", "total")
 
     def __init__(self, limit: int):
-        self.limit = max(0, int(limit))
+        self.limit = limit
+        self.total = 0
+        # the buffers are made when output first arrives: most commands an agent runs print little or nothing, and
+        # on the bash tool's hot path every object made counts (see benchmarks/tools_latency.py)
+        self.head: bytearray | None = None
+
+    def _open(self) -> None:
+        self.limit = max(0, int(self.limit))
         self.head_limit = self.limit // 2
         self.tail_limit = self.limit - self.head_limit
         self.head = bytearray()
         self.tail = bytearray()
-        self.total = 0
 
     def feed(self, data: bytes) -> None:
+        if self.head is None:
+            if not data:
+                return
+            self._open()
         self.total += len(data)
         if not self.tail and len(self.head) + len(data) <= self.head_limit:  # the usual case: it all fits
             self.head += data
@@ -45,12 +55,18 @@ class OutputCap:
 
     @property
     def cut(self) -> int:
+        if self.head is None:
+            return 0
         return max(0, self.total - len(self.head) - min(len(self.tail), self.tail_limit))
 
     def tail_bytes(self) -> bytes:
-        return bytes(self.tail[-self.tail_limit:] if self.tail_limit else b"")
+        if self.head is None or not self.tail_limit:
+            return b""
+        return bytes(self.tail[-self.tail_limit:])
 
     def text(self) -> str:
+        if self.head is None:
+            return ""
         if not self.tail:  # the usual case: everything fit in the head
             return self.head.decode("utf-8", errors="replace")
         head = self.head.decode("utf-8", errors="replace")
