@@ -1,13 +1,15 @@
 """Round-trip latency of one shell command: our bash tool in a bwrap sandbox vs the usual alternatives, one run.
 
-    .venv/bin/python benchmarks/tools_latency.py [--n 2000] [--rounds 5]
+    .venv/bin/python benchmarks/tools_latency.py [--n 4000] [--rounds 4]
 
-Measured, for a builtin (``:``) and an external command (``/bin/true``):
+Measured, for a builtin (``:``), a builtin with a quoted argument (``: 'a b'``, which envhub types under ``eval``)
+and an external command (``/bin/true``):
 
 * ``envhub bash tool``   BashTool.run -> Unix socket -> action server in a bwrap sandbox -> pty bash -> back
 * ``raw ptyprocess``     an in-process ptyprocess bash: write the command plus a sentinel, read until the sentinel
                          (the floor for a persistent shell; no sandbox, no socket); also typing envhub's command
-                         line (``eval '<cmd>' <&99``), which separates the shell's extra work from the transport
+                         line (``<cmd> <&99``, or ``eval '<cmd>' <&99`` when quoted), which separates the shell's
+                         extra work from the transport
 * ``subprocess.run``     a fresh ``bash -c`` per command (no persistent state)
 * ``tmux``               send-keys + capture-pane polled every 10 ms (how tmux-based agent runtimes work)
 
@@ -29,7 +31,9 @@ import uuid
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from envhub.sandbox.agent.bash import inline_line  # noqa: E402  (imported here, not per call: it would be timed)
 
-COMMANDS = {"builtin": ":", "external": "/bin/true"}
+# ``:`` and ``/bin/true`` are plain words, typed as they are; the quoted one is typed under ``eval`` (see
+# envhub.sandbox.agent.bash.inline_line), the path every command with quotes, $, pipes or && takes
+COMMANDS = {"builtin": ":", "quoted": ": 'a b'", "external": "/bin/true"}
 
 
 def stats(samples: list[float]) -> tuple[float, float]:
@@ -153,8 +157,8 @@ def bench_tmux(n: int, poll_s: float = 0.01) -> dict[str, list[float]] | None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--n", type=int, default=2000, help="commands per method and kind")
-    ap.add_argument("--rounds", type=int, default=5, help="envhub / raw measured this many times, spread printed")
+    ap.add_argument("--n", type=int, default=4000, help="commands per method and kind")
+    ap.add_argument("--rounds", type=int, default=4, help="envhub / raw measured this many times, spread printed")
     ap.add_argument("--tmux-n", type=int, default=30, help="commands for tmux (each takes >= 10 ms)")
     args = ap.parse_args()
     results, ratios = bench_interleaved(args.n, args.rounds)

@@ -19,7 +19,7 @@ from time import monotonic
 from typing import TYPE_CHECKING
 
 from envhub.sandbox import base  # a module reference: base imports this module while it is being defined
-from envhub.sandbox.agent.bash import SHELL_EXITED, roundtrip, strip_sentinels
+from envhub.sandbox.agent.bash import SHELL_EXITED, poller, roundtrip, strip_sentinels
 from envhub.sandbox.agent.limits import OutputCap
 
 if TYPE_CHECKING:
@@ -32,6 +32,7 @@ class AttachedShell:
 
     def __init__(self) -> None:
         self.fd: int | None = None
+        self.waiter = None  # a poll object for fd
         self.exited = False  # we reported the shell's exit: the server's replacing it is no news
 
     def run(self, sandbox: Sandbox, line: str, timeout: float, output_limit: int) -> ExecResult | None:
@@ -40,7 +41,7 @@ class AttachedShell:
         cap = OutputCap(output_limit)
         if self.fd is not None:  # attached already: the usual case, kept short (every step shows in the latency)
             try:
-                code, _, state = roundtrip(self.fd, line, timeout, cap)
+                code, _, state = roundtrip(self.fd, line, timeout, cap, waiter=self.waiter)
             except OSError:  # the pty is gone before our command was typed (the shell was replaced): attach again
                 self.close()
                 if sandbox.stopped:
@@ -59,9 +60,10 @@ class AttachedShell:
             try:
                 reply = sandbox.request("shell_attach", exited=self.exited)
                 self.fd = reply["fd"]
+                self.waiter = poller(self.fd)
                 restarted = restarted or (bool(reply.get("restarted")) and not self.exited)
                 self.exited = False
-                code, _, state = roundtrip(self.fd, line, timeout, cap)
+                code, _, state = roundtrip(self.fd, line, timeout, cap, waiter=self.waiter)
                 break
             except ServerRestarted as e:
                 return ExecResult(-1, f"Error: {e}", "", restarted=True, error=str(e))
@@ -97,7 +99,7 @@ class AttachedShell:
 
     def close(self) -> None:
         """Let go of the pty (the shell itself is the server's to stop)."""
-        fd, self.fd = self.fd, None
+        fd, self.fd, self.waiter = self.fd, None, None
         if fd is not None:
             try:
                 os.close(fd)

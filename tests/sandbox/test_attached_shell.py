@@ -39,10 +39,48 @@ def test_same_behaviour_either_way(box):
     box.shell("cd /testbed")
 
 
+PLAIN_AND_EVAL_CASES = [  # plain words (typed as they are) and what must come out the same under eval
+    "exit",  # each pass starts with a fresh shell
+    "A=1", "echo $A", "cd /tmp", "pwd", "cat", "cat /dev/null", "ls /nonexistent", "nosuchcmd x", "[ -d /tmp ]",
+    "[ -d /nope ]", "ls -d /t*p", "echo ~/x", "export B=2", "env", "true", "false", "exit 4", "pwd", "cd /testbed",
+]
+
+
+def test_plain_words_are_typed_without_eval_and_behave_as_under_it(box, monkeypatch):
+    from envhub.sandbox.agent import bash
+
+    assert bash.inline_line(":") == ": <&99" and bash.inline_line("ls -la src") == "ls -la src <&99"
+    for needs_eval in ("echo 'a b'", "echo $HOME", "ls # c", "a && b", "if true", "time ls", "[[ -d x ]]", "{ ls; }",
+                       "! ls", "echo a\tb", "f() x"):
+        assert bash.inline_line(needs_eval).startswith("eval '"), needs_eval
+    assert bash.inline_line("echo é") is None and bash.inline_line("a\nb") is None
+
+    def outcomes():
+        return [(r.exit_code, r.stdout, r.restarted) for r in (box.shell(c) for c in PLAIN_AND_EVAL_CASES)]
+
+    plain = outcomes()
+    monkeypatch.setattr(bash, "_PLAIN", lambda text: None)  # every command under eval (on the attached path: the
+    # through-server variant types with the server's own copy of the module, so both of its passes are plain)
+    assert outcomes() == plain
+    assert plain[2] == (0, "1\n", False) and plain[5] == (0, "", False) and plain[8][0] == 127
+    assert plain[17] == (-1, "exit\n" + bash.SHELL_EXITED, True) and plain[18] == (0, "/testbed\n", False)
+    assert "B=2" in plain[14][1] and "A=1" not in plain[14][1]
+
+
+def test_an_alias_works_on_plain_words(box):
+    assert box.shell("alias hello='echo hi from alias'").ok
+    assert box.shell("hello there").stdout == "hi from alias there\n"
+    box.shell("unalias hello")
+
+
 def test_closing_the_shells_dev_null_is_repaired(box):
     assert box.shell("exec 99<&-; echo closed").stdout == "closed\n"
     r = box.shell("echo next; read x; echo rc=$?")  # reopened and typed again: ran once, stdin still empty
     assert r.ok and r.stdout == "next\nrc=1\n"
+    for plain in (":", "cat"):  # the same on the plain-word path, for a builtin and an external command
+        assert box.shell("exec 99<&-").ok
+        r = box.shell(plain)
+        assert r.ok and r.stdout == ""
 
 
 def test_timeout_interrupts_and_state_survives(box):
