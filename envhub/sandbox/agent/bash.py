@@ -8,7 +8,8 @@ How one command runs: its text is written to a file and the shell is sent one sh
 
     . /run/envhub/.cmd <&99; printf '__ENVHUB_%s_%d__\\n' <token> $?
 
-(a short one-line command is typed as ``eval '<command>' <&99`` instead). Sourcing keeps ``cd``/``export``/functions
+(a short one-line command is typed as ``<command> <&99``, or ``eval '<command>' <&99`` unless it is a list of plain
+words: :func:`inline_line`). Sourcing keeps ``cd``/``export``/functions
 in the shell and lifts the 4 KiB line limit of the tty; ``<&99`` (a /dev/null the shell keeps open: a dup is ~15 µs
 cheaper than opening /dev/null for every command) stops a command from swallowing the next line as its input. A
 command that closes fd 99 is noticed (bash refuses the redirection before running anything) and typed again after
