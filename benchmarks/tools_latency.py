@@ -5,7 +5,8 @@
 Measured, for a builtin (``:``), a builtin with a quoted argument (``: 'a b'``, which envhub types under ``eval``)
 and an external command (``/bin/true``):
 
-* ``envhub bash tool``   BashTool.run -> Unix socket -> action server in a bwrap sandbox -> pty bash -> back
+* ``envhub bash tool``   BashTool.run -> the host's copy of the pty of the bash in a bwrap sandbox (handed over by
+                         the sandbox's action server on first use) -> back
 * ``raw ptyprocess``     an in-process ptyprocess bash: write the command plus a sentinel, read until the sentinel
                          (the floor for a persistent shell; no sandbox, no socket); also typing envhub's command
                          line (``<cmd> <&99``, or ``eval '<cmd>' <&99`` when quoted), which separates the shell's
@@ -54,8 +55,8 @@ class RawPty:
             os.read(self.p.fd, 65536)
 
     def run_wrapped(self, cmd: str) -> None:
-        """The command as envhub types it (``eval`` so a syntax error cannot swallow the sentinel, stdin from
-        /dev/null): what is left between this and envhub is the transport, not the shell's work."""
+        """The command as envhub types it (under ``eval`` unless it is plain words, stdin from /dev/null): what is
+        left between this and envhub is the transport, not the shell's work."""
         self.run(inline_line(cmd))
 
     def run(self, cmd: str) -> None:

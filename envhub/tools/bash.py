@@ -31,7 +31,8 @@ class BashTool:
     }))
 
     def __post_init__(self) -> None:
-        self.timeout = clamp_timeout(self.timeout, 60.0, self.max_timeout)  # once here, not on every call
+        # once here, not on every call; a junk value falls back to the field's default
+        self.timeout = clamp_timeout(self.timeout, type(self).timeout, self.max_timeout)
 
     def run(self, env: Any, arguments: dict[str, Any]) -> ToolResult:
         sb = sandbox_of(env)

@@ -299,8 +299,7 @@ class BashSession:
     def _drain(self, cap: OutputCap, seconds: float) -> None:
         deadline = time.monotonic() + seconds
         while (left := deadline - time.monotonic()) > 0:
-            r, _, _ = select.select([self.proc.fd], [], [], left)
-            if not r:
+            if not self.waiter.poll(left * 1000.0):
                 return
             try:
                 data = os.read(self.proc.fd, 1 << 16)
