@@ -27,12 +27,12 @@ import tempfile
 import time
 from typing import Any
 
-from envhub.sandbox import cgroups, lifecycle
+from envhub.sandbox import cgroups, hostfs, lifecycle
 from envhub.sandbox.base import Runtime, Sandbox, SandboxError, SandboxSpec
 from envhub.sandbox.common import (AGENT_DIR, SANDBOX_USER, copy_workspace, new_state_dir, package_dir,
                                    plugin_package_dirs, read_log, sandbox_root, server_argv, server_config, wait_ready)
 
-RUN_DIR = "/run/envhub"            # socket, log, command file (read-write bind of <state>/run)
+RUN_DIR = "/run/envhub"            # the socket (read-write bind of <state>/run; the log stays outside)
 LIB_DIR = "/run/envhub-agent"      # the action server's code and ptyprocess (read-only binds)
 CMD_DIR = "/run/envhub-cmd"        # an 8 MB tmpfs for the shell's command file
 ETC_FILES = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "localtime", "timezone", "nsswitch.conf",
@@ -237,7 +237,8 @@ class BwrapSandbox(Sandbox):
         self.pidns: int | None = None
         self.init_pid: int | None = None  # host pid of bwrap's PID 1 in the sandbox
         self.cg: cgroups.SandboxCgroups | None = None
-        self.log_path = os.path.join(state_dir, "run", "server.log")
+        # the log is the host's: in the state dir, which no sandbox sees (run/ is bound read-write inside)
+        self.log_path = os.path.join(state_dir, "server.log")
 
     def capabilities(self) -> dict[str, Any]:
         caps = BwrapRuntime().capabilities(self.spec)
@@ -257,7 +258,7 @@ class BwrapSandbox(Sandbox):
         info_r, info_w = os.pipe()
         block_r, block_w = os.pipe() if use_cg else (None, None)
         argv = bwrap_argv(spec, self.state_dir, cfg, python, lib_path, py_binds, info_w, block_r)
-        log = open(self.log_path, "ab")
+        log = hostfs.open_log(self.log_path)
         try:
             # the marker in the environment tags bwrap's own two processes too (see lifecycle.sandbox_pids)
             env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "ENVHUB_SANDBOX_ID": self.id}
@@ -265,7 +266,7 @@ class BwrapSandbox(Sandbox):
                                         pass_fds=[fd for fd in (info_w, block_r) if fd is not None],
                                         close_fds=True)
         finally:
-            log.close()
+            os.close(log)
             os.close(info_w)
             if block_r is not None:
                 os.close(block_r)

@@ -220,9 +220,10 @@ def wait_ready(proc: subprocess.Popen, log_path: str, what: str, timeout: float 
 
 
 def read_log(path: str, limit: int = 4000) -> str:
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError:
+    """The tail of the action server's log, for an error message. Never through a symlink (see ``hostfs``)."""
+    from envhub.sandbox.hostfs import read_tail
+
+    data = read_tail(path, limit)
+    if data is None:
         return "(no log)"
-    return data[-limit:].decode(errors="replace").strip() or "(empty log)"
+    return data.decode(errors="replace").strip() or "(empty log)"

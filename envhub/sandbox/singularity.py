@@ -25,7 +25,7 @@ import signal
 import subprocess
 from typing import Any
 
-from envhub.sandbox import lifecycle
+from envhub.sandbox import hostfs, lifecycle
 from envhub.sandbox.base import Runtime, RuntimeUnavailable, Sandbox, SandboxError, SandboxSpec
 from envhub.sandbox.common import (AGENT_DIR, copy_workspace, new_state_dir, package_dir, server_argv,
                                    server_config, wait_ready)
@@ -154,7 +154,7 @@ class SingularitySandbox(Sandbox):
         self.binary = binary
         self.instance = f"envhub-{sandbox_id}"
         self.proc: subprocess.Popen | None = None
-        self.log_path = os.path.join(state_dir, "run", "server.log")
+        self.log_path = os.path.join(state_dir, "server.log")  # the host's: outside the sandbox-writable run/
         self.started = False
 
     def capabilities(self) -> dict[str, Any]:
@@ -169,10 +169,13 @@ class SingularitySandbox(Sandbox):
         self.started = True
         cfg = server_config(self.spec, self.id, f"{RUN_DIR}/server.sock", RUN_DIR, self.spec.workdir,
                             child_memory=os.geteuid() != 0, nproc_rlimit=os.geteuid() != 0)
-        with open(self.log_path, "ab") as log:
+        log = hostfs.open_log(self.log_path)  # never through a symlink
+        try:
             self.proc = lifecycle.spawn(server_exec_argv(self.binary, self.spec, self.instance, cfg),
                                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log,
                                         start_new_session=True)
+        finally:
+            os.close(log)
         wait_ready(self.proc, self.log_path, f"{os.path.basename(self.binary)} instance {self.instance}")
 
     def instance_running(self) -> bool:
