@@ -223,7 +223,10 @@ class BwrapRuntime(Runtime):
                        "tmp": f"tmpfs {spec.tmp_size_mb} MB",
                        "workspace": f"tmpfs {spec.workspace_size_mb} MB" if spec.workspace_size_mb
                        else "host directory (no size cap)",
-                       "cpu": f"RLIMIT_CPU={spec.cpu_s:g} s per command" if spec.cpu_s else "per-command cpu_s"},
+                       "cpu": f"RLIMIT_CPU={spec.cpu_s:g} s per command" if spec.cpu_s else "per-command cpu_s",
+                       "cpu_quota": (f"cpu cgroup ({spec.cpu_quota:g} CPUs for the whole sandbox)"
+                                     if spec.cpu_quota and "cpu" in have else "none"
+                                     + (": no cpu cgroup can be made here" if spec.cpu_quota else ""))},
             "notes": [f"commands run as uid {SANDBOX_USER[1]} in a user namespace"],
         }
 
@@ -244,6 +247,8 @@ class BwrapSandbox(Sandbox):
         caps = BwrapRuntime().capabilities(self.spec)
         if self.cg is not None and "pids" not in self.cg.controllers and "pids cgroup" in caps["limits"]["processes"]:
             caps["limits"]["processes"] = "none: the pids cgroup could not be created for this sandbox"
+        if self.cg is not None and "cpu" not in self.cg.controllers and "cpu cgroup" in caps["limits"]["cpu_quota"]:
+            caps["limits"]["cpu_quota"] = "none: the cpu cgroup could not be created for this sandbox"
         return caps
 
     def _launch(self) -> None:
@@ -254,7 +259,7 @@ class BwrapSandbox(Sandbox):
         cfg = server_config(spec, self.id, f"{RUN_DIR}/server.sock", RUN_DIR, spec.workdir,
                             child_memory="memory" not in have, nproc_rlimit="pids" not in have, copy_from=copy_from)
         cfg["cmd_file"] = f"{CMD_DIR}/cmd"
-        use_cg = bool(have) and bool(spec.max_procs or spec.memory_mb)
+        use_cg = bool(have) and bool(spec.max_procs or spec.memory_mb or spec.cpu_quota)
         info_r, info_w = os.pipe()
         block_r, block_w = os.pipe() if use_cg else (None, None)
         argv = bwrap_argv(spec, self.state_dir, cfg, python, lib_path, py_binds, info_w, block_r)
@@ -282,7 +287,7 @@ class BwrapSandbox(Sandbox):
                 if use_cg:
                     # +3: bwrap's monitor, its PID 1, the action server itself
                     self.cg = cgroups.SandboxCgroups(f"sb-{self.id}", (spec.max_procs or 0) + 3 or None,
-                                                     spec.memory_mb)
+                                                     spec.memory_mb, spec.cpu_quota)
                     for pid in (self.proc.pid, child):
                         self.cg.add(pid)
         finally:

@@ -29,6 +29,8 @@ class SandboxSpec:
             ``capabilities()["limits"]["processes"]`` for which one holds).
         max_file_mb: the largest file a command may write (``RLIMIT_FSIZE``: larger writes fail with EFBIG).
         cpu_s: default CPU-time cap per command (``RLIMIT_CPU``), ``None``: none (``timeout_s`` still applies).
+        cpu_quota: how many CPUs' worth of time the whole sandbox may use (a cpu cgroup's CFS quota, where this host
+            allows one; background processes left running between tool calls count too). ``None``: no quota.
         timeout_s: default wall-clock timeout per command (shell, exec, python).
         output_limit: bytes of output kept per command and stream (head and tail; what was cut is counted).
         env: extra environment variables for commands in the sandbox (on top of PATH, HOME=/tmp, LANG...).
@@ -55,6 +57,7 @@ class SandboxSpec:
     max_procs: int | None = 256
     max_file_mb: int | None = 1024
     cpu_s: float | None = None
+    cpu_quota: float | None = 1.0
     timeout_s: float = 60.0
     output_limit: int = 65536
     env: dict = field(default_factory=dict)
