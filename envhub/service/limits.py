@@ -4,8 +4,8 @@ Two parts, both outside the endpoints (so every endpoint gets them, and endpoint
 
 * :class:`RequestGuard`, ASGI middleware. A body larger than ``max_body_bytes`` gets **413** (announced by
   ``Content-Length`` or counted while streaming); a body not complete within ``body_timeout_s`` gets **408**. A
-  state-changing request (any method but GET/HEAD/OPTIONS) must say ``Content-Type: application/json`` when it has a
-  body or a content type (**415** otherwise), and is refused with **403** when its ``Origin`` (or
+  state-changing request (any method but GET/HEAD/OPTIONS) with a body must say ``Content-Type: application/json``
+  (**415** otherwise; a body-less POST may carry any content type, aiohttp sends ``application/octet-stream``), and is refused with **403** when its ``Origin`` (or
   ``Sec-Fetch-Site: cross-site``) says a web page of another site sent it. Why on loopback too: a page open in the
   browser of the machine's user can POST to ``127.0.0.1``; a "simple" cross-site request (``text/plain``, no
   preflight) reaches the server, and a JSON content type cannot be sent cross-site without a preflight we never
@@ -76,7 +76,7 @@ class RequestGuard:
                 return await _reply(send, 403, refused)
             ctype = headers.get(b"content-type", b"").split(b";")[0].strip().lower()
             has_body = headers.get(b"content-length", b"0") not in (b"0", b"") or b"transfer-encoding" in headers
-            if (has_body or ctype) and ctype != b"application/json":
+            if has_body and ctype != b"application/json":
                 return await _reply(send, 415, f"{scope['method']} {scope['path']} needs 'Content-Type: "
                                                f"application/json' (got {ctype.decode(errors='replace')!r})")
         length = headers.get(b"content-length")
