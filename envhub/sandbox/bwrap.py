@@ -27,7 +27,7 @@ import tempfile
 import time
 from typing import Any
 
-from envhub.sandbox import cgroups, hostfs, lifecycle
+from envhub.sandbox import cgroups, hostfs, lifecycle, quota
 from envhub.sandbox.base import Runtime, Sandbox, SandboxError, SandboxSpec
 from envhub.sandbox.common import (AGENT_DIR, SANDBOX_USER, copy_workspace, new_state_dir, package_dir,
                                    plugin_package_dirs, read_log, sandbox_root, server_argv, server_config, wait_ready)
@@ -198,7 +198,16 @@ class BwrapRuntime(Runtime):
         sid, state = new_state_dir()
         sb = BwrapSandbox(spec, sid, state)
         workspace = None if spec.workspace_size_mb else os.path.join(state, "workspace")
-        sb._boot(lambda: workspace and copy_workspace(spec.workspace_from, workspace))
+
+        def prepare() -> None:
+            if workspace is None:
+                return
+            os.makedirs(workspace)
+            if spec.disk_mb and quota.available():  # capped before anything is copied in
+                sb.disk_capped = quota.mount_tmpfs(workspace, spec.disk_mb, spec.disk_inodes)
+            copy_workspace(spec.workspace_from, workspace)
+
+        sb._boot(prepare)
         return sb
 
     def capabilities(self, spec: SandboxSpec | None = None) -> dict[str, Any]:
@@ -222,7 +231,9 @@ class BwrapRuntime(Runtime):
                        "file_size": f"RLIMIT_FSIZE={spec.max_file_mb} MB" if spec.max_file_mb else "none",
                        "tmp": f"tmpfs {spec.tmp_size_mb} MB",
                        "workspace": f"tmpfs {spec.workspace_size_mb} MB" if spec.workspace_size_mb
-                       else "host directory (no size cap)",
+                       else (f"host directory on a tmpfs of {spec.disk_mb} MB"
+                             + (f", {spec.disk_inodes} inodes" if spec.disk_inodes else ""))
+                       if spec.disk_mb and quota.available() else "host directory (no size cap)",
                        "cpu": f"RLIMIT_CPU={spec.cpu_s:g} s per command" if spec.cpu_s else "per-command cpu_s",
                        "cpu_quota": (f"cpu cgroup ({spec.cpu_quota:g} CPUs for the whole sandbox)"
                                      if spec.cpu_quota and "cpu" in have else "none"
@@ -242,11 +253,14 @@ class BwrapSandbox(Sandbox):
         self.cg: cgroups.SandboxCgroups | None = None
         # the log is the host's: in the state dir, which no sandbox sees (run/ is bound read-write inside)
         self.log_path = os.path.join(state_dir, "server.log")
+        self.disk_capped = False  # the host-directory workspace is a capped tmpfs (see quota.py)
 
     def capabilities(self) -> dict[str, Any]:
         caps = BwrapRuntime().capabilities(self.spec)
         if self.cg is not None and "pids" not in self.cg.controllers and "pids cgroup" in caps["limits"]["processes"]:
             caps["limits"]["processes"] = "none: the pids cgroup could not be created for this sandbox"
+        if not self.spec.workspace_size_mb and self.spec.disk_mb and not self.disk_capped:
+            caps["limits"]["workspace"] = "host directory (no size cap): the capped tmpfs could not be mounted"
         if self.cg is not None and "cpu" not in self.cg.controllers and "cpu cgroup" in caps["limits"]["cpu_quota"]:
             caps["limits"]["cpu_quota"] = "none: the cpu cgroup could not be created for this sandbox"
         return caps
@@ -342,6 +356,8 @@ class BwrapSandbox(Sandbox):
         return sorted(left)
 
     def _cleanup(self) -> None:
+        if self.disk_capped:
+            quota.unmount(os.path.join(self.state_dir, "workspace"))
         shutil.rmtree(self.state_dir, ignore_errors=True)
 
 

@@ -67,12 +67,13 @@ def sweep_stale(max_age_s: float = 600.0) -> list[str]:
                 continue
         stale.append(name)
     if stale:
-        from envhub.sandbox import cgroups, lifecycle
+        from envhub.sandbox import cgroups, lifecycle, quota
 
         tagged = lifecycle.sandbox_pids()
         for name in stale:
             if name in tagged:
                 continue
+            quota.unmount_under(os.path.join(root, name))  # a capped workspace its dead owner left mounted
             shutil.rmtree(os.path.join(root, name), ignore_errors=True)
             for parent, _ in cgroups._parents().values():
                 try:

@@ -19,6 +19,9 @@ class SandboxSpec:
             copy is private: the sandbox never writes to the source.
         workspace_size_mb: ``None``: the workspace is a host directory (removed by ``stop()``). A number: the
             workspace is a tmpfs of that size inside the sandbox (a flood of files hits ENOSPC, not the host disk).
+        disk_mb: a host-directory workspace (``workspace_size_mb=None``) is a tmpfs capped at this size where the
+            host lets us mount one (see ``capabilities()["limits"]["workspace"]``); ``None``: no cap.
+        disk_inodes: the most files and directories that workspace may hold (same mechanism); ``None``: no cap.
         binds: extra mounts, each ``"host_path"`` or ``"host_path:sandbox_path[:ro|rw]"`` or a
             ``(host, sandbox, "ro"|"rw")`` tuple. Read-only unless ``rw`` is given.
         network: ``False`` (default): a private network namespace with only loopback. ``True``: the host network.
@@ -50,6 +53,8 @@ class SandboxSpec:
     workdir: str = "/testbed"
     workspace_from: str | None = None
     workspace_size_mb: int | None = None
+    disk_mb: int | None = 4096
+    disk_inodes: int | None = 262144
     binds: list = field(default_factory=list)
     network: bool = False
     memory_mb: int | None = 2048
