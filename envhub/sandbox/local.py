@@ -46,7 +46,7 @@ class LocalRuntime(Runtime):
                        "processes": "none (RLIMIT_NPROC would count every process of this host user)",
                        "file_size": f"RLIMIT_FSIZE={spec.max_file_mb} MB" if spec.max_file_mb else "none",
                        "tmp": "none (the host's /tmp)", "workspace": "host directory (no size cap)",
-                       "cpu": "per-command cpu_s"},
+                       "cpu": "per-command cpu_s", "cpu_quota": "none"},
             "notes": ["no isolation: commands can read and write anything this user can; network is not blocked"],
         }
 

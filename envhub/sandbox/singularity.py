@@ -134,7 +134,8 @@ class SingularityRuntime(Runtime):
                        else f"RLIMIT_NPROC={spec.max_procs} (binds only a non-root host uid)",
                        "file_size": f"RLIMIT_FSIZE={spec.max_file_mb} MB" if spec.max_file_mb else "none",
                        "tmp": "apptainer session directory (sized by the admin's 'sessiondir max size')",
-                       "workspace": "host directory (no size cap)", "cpu": "per-command cpu_s"},
+                       "workspace": "host directory (no size cap)", "cpu": "per-command cpu_s",
+                       "cpu_quota": "none (not implemented for this runtime)"},
             "notes": ["flags built by envhub: --containall --no-mount home,cwd,bind-paths --pid"],
         }
 

@@ -92,3 +92,42 @@ def test_hijacked_caps_flood_every_tool(box, tool):
     assert len(out.encode()) <= 2 * LIMIT + 2048, len(out)
     sb.kill_processes()
     _serves(sb)
+
+
+def test_trickling_server_hits_the_whole_frame_deadline(box):
+    """The cell makes the server send its replies one byte every 0.3 s: each recv returns in time, the frame never
+    completes; a per-recv timeout alone would wait for ever."""
+    sb = box(output_limit=LIMIT)
+    r = sb.python("import time, envhub_agent.protocol as p, envhub_agent.server as s\n"
+                  "orig, calls = p.send, []\n"
+                  "def trickle(sock, obj, fd=None):\n"
+                  "    calls.append(1)\n"
+                  "    if len(calls) == 1:\n"
+                  "        return orig(sock, obj, fd)  # this cell's own reply\n"
+                  "    data = p.dumps(obj).encode() + b' ' * 10000\n"
+                  "    frame = p._HEADER.pack(len(data)) + data\n"
+                  "    for i in range(len(frame)):\n"
+                  "        sock.sendall(frame[i:i + 1]); time.sleep(0.3)\n"
+                  "s.protocol.send = trickle\n", timeout=10)
+    assert r.ok, r.stdout
+    r, took = _bounded(lambda: sb.exec(["echo", "hi"], timeout=1), 60)
+    assert r.timed_out and r.restarted, r
+    assert took < 1 + sb.deadline_grace_s + 10
+    _serves(sb)
+
+
+def test_grader_reads_through_a_workspace_symlink_stay_in_the_sandbox(box, tmp_path):
+    """A grader reads the agent's artifact with ``read_file``; a symlink to a host path must not bring host bytes."""
+    secret = tmp_path / "host-secret"
+    secret.write_text("HOST-ONLY")
+    sb = box(output_limit=LIMIT)  # a host-directory workspace (swe-gym's kind)
+    sb.shell(f"ln -s {secret} /testbed/solution.py; ln -s {tmp_path} /testbed/dir", timeout=10)
+    for path in ("/testbed/solution.py", "/testbed/dir/host-secret"):
+        try:
+            data = sb.read_file(path)
+        except Exception as e:
+            assert "HOST-ONLY" not in str(e)
+        else:
+            assert b"HOST-ONLY" not in data
+    assert secret.read_text() == "HOST-ONLY"
+    _serves(sb)
