@@ -79,3 +79,34 @@ def test_inode_flood_of_a_host_directory_workspace_hits_the_quota(box):
     assert "No space left" in r.stderr, r.stderr[-500:]
     sb.shell("rm -f f*", timeout=30)
     assert sb.shell("echo next", timeout=10).output.strip().endswith("next")
+
+
+def test_stale_sweep_unmounts_a_killed_owners_capped_workspace(box):
+    """An owner killed by SIGKILL cannot unmount its workspace: the next interpreter's stale sweep must, or state
+    directories (and tmpfs mounts) pile up."""
+    import signal
+    import subprocess
+    import sys
+    import textwrap
+
+    from envhub.sandbox import common, lifecycle
+
+    box()  # skips where bwrap cannot run
+    code = textwrap.dedent("""
+        import time
+        from envhub.sandbox import SandboxSpec, start
+        sb = start(SandboxSpec(runtime="bwrap", disk_mb=16))
+        print(sb.id, sb.state_dir, sb.capabilities()["limits"]["workspace"], flush=True)
+        time.sleep(60)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    sid, state, caps = proc.stdout.readline().split(" ", 2)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    deadline = time.monotonic() + 10
+    while sid in lifecycle.sandbox_pids() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert sid in common.sweep_stale()
+    assert not os.path.exists(state), "the stale sweep left the state directory (a mount still on it?)"
+    with open("/proc/self/mountinfo") as f:
+        assert state not in f.read()
