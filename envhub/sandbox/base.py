@@ -101,9 +101,9 @@ class Sandbox:
     #: through the action server (:mod:`envhub.sandbox.attached`): the same result, two process wake-ups fewer.
     attach_shell = True
     #: Seconds the host waits past a request's own timeout before it declares the action server hung and restarts
-    #: the sandbox. The server answers a timed-out command itself within about a second (it interrupts it, settles
-    #: the shell); this margin covers a loaded host, not the command.
-    deadline_grace_s = 5.0
+    #: the sandbox. The server answers a timed-out command itself within about 4 s at worst (Ctrl-C, 0.2 s drain, a
+    #: 3 s check that the shell answers, a fresh shell); this margin covers that on a loaded host.
+    deadline_grace_s = 10.0
 
     def __init__(self, spec: SandboxSpec, sandbox_id: str, state_dir: str, socket_path: str, workdir: str):
         self.spec, self.id, self.state_dir = spec, sandbox_id, state_dir
