@@ -131,3 +131,17 @@ def test_grader_reads_through_a_workspace_symlink_stay_in_the_sandbox(box, tmp_p
             assert b"HOST-ONLY" not in data
     assert secret.read_text() == "HOST-ONLY"
     _serves(sb)
+
+
+def test_hijacked_shell_attach_is_a_timeout(box):
+    """The host's attached-shell fast path asks the server for the pty first; a server that never hands it over
+    must not stall the bash tool."""
+    sb = box(output_limit=LIMIT)
+    r = sb.python("import time, envhub_agent.server as s\n"
+                  "orig = s.Server.handle\n"
+                  "s.Server.handle = lambda self, req: time.sleep(10**6) if req.get('op') == 'shell_attach' "
+                  "else orig(self, req)\n", timeout=5)
+    assert r.ok, r.stdout
+    r, took = _bounded(lambda: sb.shell("echo hi", timeout=2), 60)
+    assert r.timed_out and r.restarted and r.exit_code == 124, r
+    _serves(sb)
