@@ -3,8 +3,8 @@
 Why: ``RLIMIT_NPROC`` counts processes per host uid, and the kernel never applies it to uid 0 (root, or a user
 namespace mapped onto root); a ``pids`` cgroup caps one sandbox's process count whatever the uid, and a ``memory``
 cgroup caps the sandbox as a whole (its processes and its tmpfs pages); a ``cpu`` cgroup's CFS quota (``cpu.max``, or
-``cpu.cfs_quota_us`` on v1) caps the CPU time of all its processes together, background jobs included. Both also list every process of the sandbox,
-which lets ``stop()`` confirm that nothing survived.
+``cpu.cfs_quota_us`` on v1) caps the CPU time of all its processes together, background jobs included. They also list
+every process of the sandbox, which lets ``stop()`` confirm that nothing survived.
 
 Support is probed once per interpreter: cgroup v1 (a hierarchy per controller) and v2 (unified, where the parent must
 delegate the controller). Where neither works (rootless without delegation), :func:`available` returns an empty set
@@ -92,7 +92,8 @@ class SandboxCgroups:
     def __init__(self, name: str, max_procs: int | None, memory_mb: int | None, cpu_quota: float | None = None):
         self.dirs: dict[str, tuple[str, int]] = {}
         for ctrl, (parent, version) in _parents().items():
-            if ctrl == "pids" and not max_procs or ctrl == "memory" and not memory_mb or ctrl == "cpu" and not cpu_quota:
+            wanted = {"pids": max_procs, "memory": memory_mb, "cpu": cpu_quota}.get(ctrl)
+            if not wanted:
                 continue
             d = os.path.join(parent, name)
             try:

@@ -5,14 +5,14 @@ Two parts, both outside the endpoints (so every endpoint gets them, and endpoint
 * :class:`RequestGuard`, ASGI middleware. A body larger than ``max_body_bytes`` gets **413** (announced by
   ``Content-Length`` or counted while streaming); a body not complete within ``body_timeout_s`` gets **408**. A
   state-changing request (any method but GET/HEAD/OPTIONS) with a body must say ``Content-Type: application/json``
-  (**415** otherwise; a body-less POST may carry any content type, aiohttp sends ``application/octet-stream``), and is refused with **403** when its ``Origin`` (or
-  ``Sec-Fetch-Site: cross-site``) says a web page of another site sent it. Why on loopback too: a page open in the
-  browser of the machine's user can POST to ``127.0.0.1``; a "simple" cross-site request (``text/plain``, no
-  preflight) reaches the server, and a JSON content type cannot be sent cross-site without a preflight we never
-  answer.
+  (**415** otherwise; a body-less POST may carry any content type, aiohttp sends ``application/octet-stream``), and
+  is refused with **403** when its ``Origin`` (or ``Sec-Fetch-Site: cross-site``) says a web page of another site
+  sent it. Why on loopback too: a page open in the browser of the machine's user can POST to ``127.0.0.1``; a
+  "simple" cross-site request (``text/plain``, no preflight) reaches the server, and a JSON content type cannot be
+  sent cross-site without a preflight we never answer.
 * :class:`GuardedH11Protocol`, uvicorn's HTTP/1.1 protocol with a connection cap (connections past
   ``max_connections`` are closed at once) and a header deadline (a connection that has not sent a complete request
-  head within ``header_timeout_s`` of opening, or of its previous reply, is closed: slowloris).
+  head within ``header_timeout_s`` of its first byte -- or of opening -- is closed: slowloris).
 """
 from __future__ import annotations
 
