@@ -13,12 +13,12 @@ fields and ``docs/sandbox.md`` for the design.
 from __future__ import annotations
 
 from envhub.sandbox.base import (ExecResult, Runtime, RuntimeUnavailable, Sandbox, SandboxError, SandboxSpec,
-                                 ServerError, ServerRestarted)
+                                 ServerError, ServerHung, ServerRestarted)
 from envhub.sandbox.pool import PoolGroup, SandboxPool
 
 __all__ = ["ExecResult", "PoolGroup", "Runtime", "RuntimeUnavailable", "Sandbox", "SandboxError", "SandboxPool",
-           "SandboxSpec", "ServerError", "ServerRestarted", "available_runtimes", "get_runtime", "live_sandboxes",
-           "start"]
+           "SandboxSpec", "ServerError", "ServerHung", "ServerRestarted", "available_runtimes", "get_runtime",
+           "live_sandboxes", "start"]
 
 
 def _builtin() -> dict[str, type[Runtime]]:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from envhub.sandbox import base  # a module reference: base imports this module while it is being defined
 from envhub.sandbox.agent.bash import SHELL_EXITED, poller, roundtrip, strip_sentinels
-from envhub.sandbox.agent.limits import OutputCap
+from envhub.sandbox.agent.limits import OutputCap, clip
 
 if TYPE_CHECKING:
     from envhub.sandbox.base import ExecResult, Sandbox
@@ -58,15 +58,18 @@ class AttachedShell:
         restarted = False
         for attempt in (0, 1):
             try:
-                reply = sandbox.request("shell_attach", exited=self.exited)
+                # the command's timeout bounds the host's wait for the pty too (plus the host's grace)
+                reply = sandbox.request("shell_attach", timeout=timeout, exited=self.exited)
                 self.fd = reply["fd"]
                 self.waiter = poller(self.fd)
                 restarted = restarted or (bool(reply.get("restarted")) and not self.exited)
                 self.exited = False
                 code, _, state = roundtrip(self.fd, line, timeout, cap, waiter=self.waiter)
                 break
-            except ServerRestarted as e:
-                return ExecResult(-1, f"Error: {e}", "", restarted=True, error=str(e))
+            except ServerRestarted as e:  # ServerHung (the server missed the host's deadline) is a timeout
+                hung = isinstance(e, base.ServerHung)
+                return ExecResult(124 if hung else -1, f"Error: {e}", "", timed_out=hung, restarted=True,
+                                  error=str(e))
             except ServerError:
                 return None
             except OSError:  # replaced again between attaching and typing: once more, then give up
@@ -94,8 +97,9 @@ class AttachedShell:
             self.close()
             return ExecResult(124, strip_sentinels(cap.text()) + f"\nError: {e}", "", True, cap.cut,
                               monotonic() - t0, restarted=True, error=str(e))
-        return ExecResult(124, strip_sentinels(cap.text() + r["output"]), "", True, cap.cut + r["cut"],
-                          monotonic() - t0, restarted=restarted or bool(r["restarted"]))
+        out, cut = clip(strip_sentinels(cap.text() + r["output"]), 2 * cap.limit + 1024)  # never trust the server's cap
+        return ExecResult(124, out, "", True, cap.cut + r["cut"] + cut, monotonic() - t0,
+                          restarted=restarted or bool(r["restarted"]))
 
     def close(self) -> None:
         """Let go of the pty (the shell itself is the server's to stop)."""

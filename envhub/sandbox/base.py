@@ -16,12 +16,15 @@ from __future__ import annotations
 import base64
 import os
 import socket
+import struct
 import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from envhub.sandbox import hostfs
 from envhub.sandbox.agent import protocol
+from envhub.sandbox.agent.limits import clip
 from envhub.sandbox.agent.bash import inline_line
 from envhub.sandbox.attached import AttachedShell
 from envhub.sandbox.spec import SandboxSpec  # noqa: F401 (part of this module's contract)
@@ -97,6 +100,10 @@ class Sandbox:
     #: Short one-line shell commands are typed by the host on its own copy of the shell's pty instead of going
     #: through the action server (:mod:`envhub.sandbox.attached`): the same result, two process wake-ups fewer.
     attach_shell = True
+    #: Seconds the host waits past a request's own timeout before it declares the action server hung and restarts
+    #: the sandbox. The server answers a timed-out command itself within about 4 s at worst (Ctrl-C, 0.2 s drain, a
+    #: 3 s check that the shell answers, a fresh shell); this margin covers that on a loaded host.
+    deadline_grace_s = 10.0
 
     def __init__(self, spec: SandboxSpec, sandbox_id: str, state_dir: str, socket_path: str, workdir: str):
         self.spec, self.id, self.state_dir = spec, sandbox_id, state_dir
@@ -104,6 +111,7 @@ class Sandbox:
         self._sock: socket.socket | None = None
         self._attached = AttachedShell()
         self._lock = threading.RLock()  # one request at a time
+        self._armed: float | None = None  # the receive timeout set on the current connection
         self._stop_lock = threading.Lock()
         self.stopped = False
         self.restarts = 0
@@ -149,53 +157,72 @@ class Sandbox:
     def request(self, op: str, timeout: float | None = None, **args: Any) -> dict:
         """One round trip to the action server. Thread-safe: requests to one sandbox are serialized.
 
-        If the server died (killed by the OOM killer, stuck past its watchdog), the sandbox is relaunched with its
-        workspace kept and :class:`ServerRestarted` is raised; the caller turns that into a marked result.
+        The wait is bounded on the host (the server runs agent code, so its own watchdog cannot be trusted): the
+        reply must be complete within the request's timeout plus :attr:`deadline_grace_s`, and no larger than a frame
+        derived from its output limit. If the server died (killed by the OOM killer, by the agent) or missed the
+        deadline (hung, hijacked), every process of the sandbox is killed and it is relaunched with its workspace
+        kept: :class:`ServerRestarted` (or :class:`ServerHung`) is raised and the caller turns it into a marked
+        result.
         """
         if self.stopped:
             raise SandboxError(f"sandbox {self.id} is stopped")
         args["op"] = op
         if timeout is not None:
             args["timeout"] = timeout
+        budget = (timeout if timeout is not None else self.spec.timeout_s) + self.deadline_grace_s
         with self._lock:
+            deadline = time.monotonic() + budget
             try:
-                # a blocking socket (no timeout: Python would poll() before every recv): the server bounds every
-                # request itself, and its watchdog closes the socket if it is ever stuck
                 sock = self._connect()
+                if self._armed != budget:  # kernel-side timeouts (SO_RCVTIMEO): no poll() per recv on the hot path
+                    _arm(sock, budget)
+                    self._armed = budget
                 protocol.send(sock, args)
                 if op == "shell_attach":
-                    reply, fd = protocol.recv_with_fd(sock)
+                    reply, fd = protocol.recv_with_fd(sock, 1 << 16, deadline)
                     if fd is not None:
                         reply["fd"] = fd
                 else:
-                    reply = protocol.recv(sock)
+                    reply = protocol.recv(sock, self._max_frame(op, args), deadline)
                     if op in _SHELL_REPLACING_OPS and (op == "killall" or reply.get("restarted")):
                         self._attached.close()  # the shell behind our pty copy was replaced
             except (OSError, protocol.ProtocolError) as e:
                 self._drop_connection()
                 if self.stopped:
                     raise SandboxError(f"sandbox {self.id} was stopped during {op}") from None
+                hung = isinstance(e, BlockingIOError) or time.monotonic() >= deadline
                 self._relaunch()
-                raise ServerRestarted(f"the sandbox's action server died during {op} ({type(e).__name__}: {e}); "
-                                      f"it was restarted with the workspace kept, but shell and Python state were "
-                                      f"lost") from None
+                if hung:
+                    raise ServerHung(f"the sandbox's action server did not answer {op} within {budget:g} s (the "
+                                     f"command's timeout plus {self.deadline_grace_s:g} s): every process of the "
+                                     f"sandbox was killed and it was restarted with the workspace kept; shell and "
+                                     f"Python state were lost") from None
+                raise ServerRestarted(f"the sandbox's action server died during {op} ({type(e).__name__}: "
+                                      f"{_short(e)}); it was restarted with the workspace kept, but shell and Python "
+                                      f"state were lost") from None
         if not reply.get("ok"):
             if "fd" in reply:
                 os.close(reply["fd"])
-            raise ServerError(reply.get("error", "action server error"))
+            raise ServerError(_short(reply.get("error", "action server error"), 2000))
         if op == "shell_attach" and "fd" not in reply:
             raise ServerError("the action server did not hand over the shell's pty")
         return reply
 
+    def _max_frame(self, op: str, args: dict) -> int:
+        """The largest reply accepted for one request: a reply is a few output streams of at most ``output_limit``
+        bytes each, which JSON may escape to 6 bytes per byte (``\\u0001``); a read is base64 of ``max_bytes``."""
+        if op == "read":
+            return int(args.get("max_bytes") or READ_MAX_BYTES) * 4 // 3 + 65536
+        return 12 * int(args.get("output_limit") or self.spec.output_limit) + (1 << 20)
+
     def _connect(self) -> socket.socket:
         if self._sock is None:
-            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            s.connect(self.socket_path)
-            self._sock = s
+            self._sock = hostfs.connect_unix(self.socket_path)
         return self._sock
 
     def _drop_connection(self) -> None:
         self._attached.close()
+        self._armed = None
         sock, self._sock = self._sock, None
         if sock is not None:
             try:
@@ -227,7 +254,10 @@ class Sandbox:
         r = self._call("exec", timeout, args)
         if isinstance(r, ExecResult):
             return r
-        return ExecResult(r["exit_code"], r["stdout"], r["stderr"], r["timed_out"], r["cut"], r["duration_s"],
+        limit = (output_limit or self.spec.output_limit) + _MARKER_ROOM
+        out, cut_out = clip(r["stdout"], limit)
+        err, cut_err = clip(r["stderr"], limit)
+        return ExecResult(r["exit_code"], out, err, r["timed_out"], r["cut"] + cut_out + cut_err, r["duration_s"],
                           r.get("signal"))
 
     def shell(self, command: str, *, timeout: float | None = None, output_limit: int | None = None) -> ExecResult:
@@ -243,7 +273,8 @@ class Sandbox:
         r = self._call("shell", timeout, {"command": command, "output_limit": output_limit})
         if isinstance(r, ExecResult):
             return r
-        return ExecResult(r["exit_code"], r["output"], "", r["timed_out"], r["cut"], r["duration_s"],
+        out, cut = clip(r["output"], (output_limit or self.spec.output_limit) + _MARKER_ROOM)
+        return ExecResult(r["exit_code"], out, "", r["timed_out"], r["cut"] + cut, r["duration_s"],
                           restarted=r["restarted"])
 
     def python(self, code: str, *, timeout: float | None = None, output_limit: int | None = None) -> ExecResult:
@@ -252,18 +283,19 @@ class Sandbox:
         if isinstance(r, ExecResult):
             return r
         code_ = 124 if r["timed_out"] else (0 if r["success"] else 1)
-        return ExecResult(code_, r["output"], "", r["timed_out"], r["cut"], r["duration_s"])
+        out, cut = clip(r["output"], (output_limit or self.spec.output_limit) + _MARKER_ROOM)
+        return ExecResult(code_, out, "", r["timed_out"], r["cut"] + cut, r["duration_s"])
 
     def edit(self, command: str, path: str, **kwargs: Any) -> tuple[bool, str]:
         """Run one ``str_replace_editor`` command. Returns ``(ok, text)``; a refused command gives ``ok=False``."""
         r = self._call("edit", None, {"command": command, "path": path, **kwargs})
         if isinstance(r, ExecResult):
             return False, r.stdout
-        return not r["failed"], r["output"]
+        return not r["failed"], clip(r["output"], self.spec.output_limit + _MARKER_ROOM)[0]
 
     def read_file(self, path: str, max_bytes: int | None = None) -> bytes:
         """The bytes of ``path`` (as the sandbox sees it). Raises ``SandboxError`` if it cannot be read."""
-        return base64.b64decode(self.request("read", path=path, max_bytes=max_bytes)["data"])
+        return base64.b64decode(self.request("read", path=path, max_bytes=max_bytes or READ_MAX_BYTES)["data"])
 
     def read_text(self, path: str) -> str:
         return self.read_file(path).decode("utf-8", errors="replace")
@@ -284,6 +316,8 @@ class Sandbox:
     def _call(self, op: str, timeout: float | None, args: dict) -> dict | ExecResult:
         try:
             return self.request(op, timeout=timeout, **{k: v for k, v in args.items() if v is not None})
+        except ServerHung as e:
+            return ExecResult(124, f"Error: {e}", "", timed_out=True, restarted=True, error=str(e))
         except ServerRestarted as e:
             return ExecResult(-1, f"Error: {e}", "", restarted=True, error=str(e))
         except ServerError as e:  # refused by the server (bad argument, IPython missing): a marked result
@@ -293,7 +327,9 @@ class Sandbox:
     @property
     def host_workspace(self) -> str | None:
         """The workspace as a host directory (read it after the run, e.g. for a diff), or None for a tmpfs one.
-        It is deleted by :meth:`stop`."""
+        It is deleted by :meth:`stop`. Everything in it was written by the sandbox: read it without following
+        symlinks (``os.open(..., O_NOFOLLOW)``, ``os.walk(followlinks=False)``, ``git`` inside the sandbox), or
+        better, through the sandbox (``read_file``, ``exec``), as the shipped graders do."""
         if self.spec.workspace_size_mb and self.runtime != "local":
             return None
         path = self.workdir if self.runtime == "local" else os.path.join(self.state_dir, "workspace")
@@ -356,3 +392,25 @@ class ServerError(SandboxError):
 
 class ServerRestarted(SandboxError):
     """The action server died mid-request and was relaunched; shell and Python state were lost."""
+
+
+class ServerHung(ServerRestarted):
+    """The action server missed the host's deadline for a request; the sandbox was killed and relaunched."""
+
+
+READ_MAX_BYTES = 64 << 20  # read_file's default max_bytes (the server's too)
+_MARKER_ROOM = 512  # the server's cut marker ("[... N bytes of output cut ...]") on top of output_limit
+
+
+def _arm(sock: socket.socket, seconds: float) -> None:
+    """Kernel-side send and receive timeouts on a blocking socket: a ``recv`` that waits ``seconds`` fails with
+    EAGAIN (``BlockingIOError``). Unlike ``settimeout``, Python then polls nothing before each call."""
+    tv = struct.pack("ll", int(seconds), int((seconds % 1) * 1e6))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
+
+
+def _short(e: Any, limit: int = 300) -> str:
+    """An error text from the sandbox side, bounded (it reaches the model)."""
+    text = str(e)
+    return text if len(text) <= limit else text[:limit] + f"... [{len(text) - limit} characters cut]"

@@ -27,12 +27,12 @@ import tempfile
 import time
 from typing import Any
 
-from envhub.sandbox import cgroups, lifecycle
+from envhub.sandbox import cgroups, hostfs, lifecycle, quota
 from envhub.sandbox.base import Runtime, Sandbox, SandboxError, SandboxSpec
 from envhub.sandbox.common import (AGENT_DIR, SANDBOX_USER, copy_workspace, new_state_dir, package_dir,
                                    plugin_package_dirs, read_log, sandbox_root, server_argv, server_config, wait_ready)
 
-RUN_DIR = "/run/envhub"            # socket, log, command file (read-write bind of <state>/run)
+RUN_DIR = "/run/envhub"            # the socket (read-write bind of <state>/run; the log stays outside)
 LIB_DIR = "/run/envhub-agent"      # the action server's code and ptyprocess (read-only binds)
 CMD_DIR = "/run/envhub-cmd"        # an 8 MB tmpfs for the shell's command file
 ETC_FILES = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "localtime", "timezone", "nsswitch.conf",
@@ -198,7 +198,16 @@ class BwrapRuntime(Runtime):
         sid, state = new_state_dir()
         sb = BwrapSandbox(spec, sid, state)
         workspace = None if spec.workspace_size_mb else os.path.join(state, "workspace")
-        sb._boot(lambda: workspace and copy_workspace(spec.workspace_from, workspace))
+
+        def prepare() -> None:
+            if workspace is None:
+                return
+            os.makedirs(workspace)
+            if spec.disk_mb and quota.available():  # capped before anything is copied in
+                sb.disk_capped = quota.mount_tmpfs(workspace, spec.disk_mb, spec.disk_inodes)
+            copy_workspace(spec.workspace_from, workspace)
+
+        sb._boot(prepare)
         return sb
 
     def capabilities(self, spec: SandboxSpec | None = None) -> dict[str, Any]:
@@ -222,8 +231,13 @@ class BwrapRuntime(Runtime):
                        "file_size": f"RLIMIT_FSIZE={spec.max_file_mb} MB" if spec.max_file_mb else "none",
                        "tmp": f"tmpfs {spec.tmp_size_mb} MB",
                        "workspace": f"tmpfs {spec.workspace_size_mb} MB" if spec.workspace_size_mb
-                       else "host directory (no size cap)",
-                       "cpu": f"RLIMIT_CPU={spec.cpu_s:g} s per command" if spec.cpu_s else "per-command cpu_s"},
+                       else (f"host directory on a tmpfs of {spec.disk_mb} MB"
+                             + (f", {spec.disk_inodes} inodes" if spec.disk_inodes else ""))
+                       if spec.disk_mb and quota.available() else "host directory (no size cap)",
+                       "cpu": f"RLIMIT_CPU={spec.cpu_s:g} s per command" if spec.cpu_s else "per-command cpu_s",
+                       "cpu_quota": (f"cpu cgroup ({spec.cpu_quota:g} CPUs for the whole sandbox)"
+                                     if spec.cpu_quota and "cpu" in have else "none"
+                                     + (": no cpu cgroup can be made here" if spec.cpu_quota else ""))},
             "notes": [f"commands run as uid {SANDBOX_USER[1]} in a user namespace"],
         }
 
@@ -237,12 +251,18 @@ class BwrapSandbox(Sandbox):
         self.pidns: int | None = None
         self.init_pid: int | None = None  # host pid of bwrap's PID 1 in the sandbox
         self.cg: cgroups.SandboxCgroups | None = None
-        self.log_path = os.path.join(state_dir, "run", "server.log")
+        # the log is the host's: in the state dir, which no sandbox sees (run/ is bound read-write inside)
+        self.log_path = os.path.join(state_dir, "server.log")
+        self.disk_capped = False  # the host-directory workspace is a capped tmpfs (see quota.py)
 
     def capabilities(self) -> dict[str, Any]:
         caps = BwrapRuntime().capabilities(self.spec)
         if self.cg is not None and "pids" not in self.cg.controllers and "pids cgroup" in caps["limits"]["processes"]:
             caps["limits"]["processes"] = "none: the pids cgroup could not be created for this sandbox"
+        if not self.spec.workspace_size_mb and self.spec.disk_mb and not self.disk_capped:
+            caps["limits"]["workspace"] = "host directory (no size cap): the capped tmpfs could not be mounted"
+        if self.cg is not None and "cpu" not in self.cg.controllers and "cpu cgroup" in caps["limits"]["cpu_quota"]:
+            caps["limits"]["cpu_quota"] = "none: the cpu cgroup could not be created for this sandbox"
         return caps
 
     def _launch(self) -> None:
@@ -253,11 +273,11 @@ class BwrapSandbox(Sandbox):
         cfg = server_config(spec, self.id, f"{RUN_DIR}/server.sock", RUN_DIR, spec.workdir,
                             child_memory="memory" not in have, nproc_rlimit="pids" not in have, copy_from=copy_from)
         cfg["cmd_file"] = f"{CMD_DIR}/cmd"
-        use_cg = bool(have) and bool(spec.max_procs or spec.memory_mb)
+        use_cg = bool(have) and bool(spec.max_procs or spec.memory_mb or spec.cpu_quota)
         info_r, info_w = os.pipe()
         block_r, block_w = os.pipe() if use_cg else (None, None)
         argv = bwrap_argv(spec, self.state_dir, cfg, python, lib_path, py_binds, info_w, block_r)
-        log = open(self.log_path, "ab")
+        log = hostfs.open_log(self.log_path)
         try:
             # the marker in the environment tags bwrap's own two processes too (see lifecycle.sandbox_pids)
             env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "ENVHUB_SANDBOX_ID": self.id}
@@ -265,7 +285,7 @@ class BwrapSandbox(Sandbox):
                                         pass_fds=[fd for fd in (info_w, block_r) if fd is not None],
                                         close_fds=True)
         finally:
-            log.close()
+            os.close(log)
             os.close(info_w)
             if block_r is not None:
                 os.close(block_r)
@@ -281,7 +301,7 @@ class BwrapSandbox(Sandbox):
                 if use_cg:
                     # +3: bwrap's monitor, its PID 1, the action server itself
                     self.cg = cgroups.SandboxCgroups(f"sb-{self.id}", (spec.max_procs or 0) + 3 or None,
-                                                     spec.memory_mb)
+                                                     spec.memory_mb, spec.cpu_quota)
                     for pid in (self.proc.pid, child):
                         self.cg.add(pid)
         finally:
@@ -336,6 +356,8 @@ class BwrapSandbox(Sandbox):
         return sorted(left)
 
     def _cleanup(self) -> None:
+        if self.disk_capped:
+            quota.unmount(os.path.join(self.state_dir, "workspace"))
         shutil.rmtree(self.state_dir, ignore_errors=True)
 
 

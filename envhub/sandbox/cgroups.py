@@ -1,9 +1,10 @@
-"""Per-sandbox cgroups (pids and memory), when this host lets us create them.
+"""Per-sandbox cgroups (pids, memory and cpu), when this host lets us create them.
 
 Why: ``RLIMIT_NPROC`` counts processes per host uid, and the kernel never applies it to uid 0 (root, or a user
 namespace mapped onto root); a ``pids`` cgroup caps one sandbox's process count whatever the uid, and a ``memory``
-cgroup caps the sandbox as a whole (its processes and its tmpfs pages). Both also list every process of the sandbox,
-which lets ``stop()`` confirm that nothing survived.
+cgroup caps the sandbox as a whole (its processes and its tmpfs pages); a ``cpu`` cgroup's CFS quota (``cpu.max``, or
+``cpu.cfs_quota_us`` on v1) caps the CPU time of all its processes together, background jobs included. They also list
+every process of the sandbox, which lets ``stop()`` confirm that nothing survived.
 
 Support is probed once per interpreter: cgroup v1 (a hierarchy per controller) and v2 (unified, where the parent must
 delegate the controller). Where neither works (rootless without delegation), :func:`available` returns an empty set
@@ -17,7 +18,8 @@ import uuid
 from functools import lru_cache
 
 ROOT = "/sys/fs/cgroup"
-CONTROLLERS = ("pids", "memory")
+CONTROLLERS = ("pids", "memory", "cpu")
+CPU_PERIOD_US = 100_000
 
 
 def _own_paths() -> dict[str, tuple[str, int]]:
@@ -60,9 +62,12 @@ def _parents() -> dict[str, tuple[str, int]]:
                 with open(os.path.join(parent, "cgroup.subtree_control"), "w") as f:
                     f.write(f"+{ctrl}")
             os.mkdir(probe)
-            limit_file = "pids.max" if ctrl == "pids" else ("memory.limit_in_bytes" if version == 1 else "memory.max")
+            limit_file, value = {"pids": ("pids.max", "100"),
+                                 "memory": ("memory.limit_in_bytes" if version == 1 else "memory.max", str(1 << 30)),
+                                 "cpu": ("cpu.cfs_quota_us", "100000") if version == 1
+                                 else ("cpu.max", "100000 100000")}[ctrl]
             with open(os.path.join(probe, limit_file), "w") as f:
-                f.write("100" if ctrl == "pids" else str(1 << 30))
+                f.write(value)
             found[ctrl] = (parent, version)
         except OSError:
             pass
@@ -75,7 +80,7 @@ def _parents() -> dict[str, tuple[str, int]]:
 
 
 def available() -> set[str]:
-    """The controllers a sandbox can get its own cgroup for: a subset of ``{"pids", "memory"}``."""
+    """The controllers a sandbox can get its own cgroup for: a subset of ``{"pids", "memory", "cpu"}``."""
     return set(_parents())
 
 
@@ -84,15 +89,23 @@ class SandboxCgroups:
 
     _lock = threading.Lock()
 
-    def __init__(self, name: str, max_procs: int | None, memory_mb: int | None):
+    def __init__(self, name: str, max_procs: int | None, memory_mb: int | None, cpu_quota: float | None = None):
         self.dirs: dict[str, tuple[str, int]] = {}
         for ctrl, (parent, version) in _parents().items():
-            if ctrl == "pids" and not max_procs or ctrl == "memory" and not memory_mb:
+            wanted = {"pids": max_procs, "memory": memory_mb, "cpu": cpu_quota}.get(ctrl)
+            if not wanted:
                 continue
             d = os.path.join(parent, name)
             try:
                 os.mkdir(d)
-                if ctrl == "pids":
+                if ctrl == "cpu":  # CFS bandwidth: cpu_quota CPUs' worth of time per period, for the whole sandbox
+                    quota = max(1000, int(float(cpu_quota) * CPU_PERIOD_US))
+                    if version == 1:
+                        _write(d, "cpu.cfs_period_us", str(CPU_PERIOD_US))
+                        _write(d, "cpu.cfs_quota_us", str(quota))
+                    else:
+                        _write(d, "cpu.max", f"{quota} {CPU_PERIOD_US}")
+                elif ctrl == "pids":
                     _write(d, "pids.max", str(int(max_procs)))
                 elif version == 1:
                     _write(d, "memory.limit_in_bytes", str(int(memory_mb) << 20))

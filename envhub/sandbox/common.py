@@ -67,12 +67,13 @@ def sweep_stale(max_age_s: float = 600.0) -> list[str]:
                 continue
         stale.append(name)
     if stale:
-        from envhub.sandbox import cgroups, lifecycle
+        from envhub.sandbox import cgroups, lifecycle, quota
 
         tagged = lifecycle.sandbox_pids()
         for name in stale:
             if name in tagged:
                 continue
+            quota.unmount_under(os.path.join(root, name))  # a capped workspace its dead owner left mounted
             shutil.rmtree(os.path.join(root, name), ignore_errors=True)
             for parent, _ in cgroups._parents().values():
                 try:
@@ -220,9 +221,10 @@ def wait_ready(proc: subprocess.Popen, log_path: str, what: str, timeout: float 
 
 
 def read_log(path: str, limit: int = 4000) -> str:
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError:
+    """The tail of the action server's log, for an error message. Never through a symlink (see ``hostfs``)."""
+    from envhub.sandbox.hostfs import read_tail
+
+    data = read_tail(path, limit)
+    if data is None:
         return "(no log)"
-    return data[-limit:].decode(errors="replace").strip() or "(empty log)"
+    return data.decode(errors="replace").strip() or "(empty log)"

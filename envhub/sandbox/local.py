@@ -15,7 +15,7 @@ import sys
 import time
 from typing import Any
 
-from envhub.sandbox import lifecycle
+from envhub.sandbox import hostfs, lifecycle
 from envhub.sandbox.base import Runtime, Sandbox, SandboxSpec
 from envhub.sandbox.common import (AGENT_DIR, copy_workspace, new_state_dir, package_dir, server_argv, server_config,
                                    wait_ready)
@@ -46,7 +46,7 @@ class LocalRuntime(Runtime):
                        "processes": "none (RLIMIT_NPROC would count every process of this host user)",
                        "file_size": f"RLIMIT_FSIZE={spec.max_file_mb} MB" if spec.max_file_mb else "none",
                        "tmp": "none (the host's /tmp)", "workspace": "host directory (no size cap)",
-                       "cpu": "per-command cpu_s"},
+                       "cpu": "per-command cpu_s", "cpu_quota": "none"},
             "notes": ["no isolation: commands can read and write anything this user can; network is not blocked"],
         }
 
@@ -59,7 +59,7 @@ class LocalSandbox(Sandbox):
         super().__init__(spec, sandbox_id, state_dir, os.path.join(run, "server.sock"),
                          os.path.join(state_dir, "workspace"))
         self.proc: subprocess.Popen | None = None
-        self.log_path = os.path.join(run, "server.log")
+        self.log_path = os.path.join(state_dir, "server.log")  # the host's: outside the sandbox-writable run/
 
     def capabilities(self) -> dict[str, Any]:
         return LocalRuntime().capabilities(self.spec)
@@ -73,10 +73,13 @@ class LocalSandbox(Sandbox):
         cfg = server_config(self.spec, self.id, self.socket_path, os.path.dirname(self.socket_path), self.workdir,
                             child_memory=True, nproc_rlimit=False, home=self.workdir)
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "ENVHUB_SANDBOX_ID": self.id, "LANG": "C.UTF-8"}
-        with open(self.log_path, "ab") as log:
+        log = hostfs.open_log(self.log_path)  # never through a symlink
+        try:
             self.proc = lifecycle.spawn(server_argv(sys.executable, path, cfg), cwd=self.workdir, env=env,
                                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log,
                                         start_new_session=True)
+        finally:
+            os.close(log)
         wait_ready(self.proc, self.log_path, "local action server")
 
     def _members(self) -> set[int]:

@@ -25,7 +25,7 @@ import signal
 import subprocess
 from typing import Any
 
-from envhub.sandbox import lifecycle
+from envhub.sandbox import hostfs, lifecycle
 from envhub.sandbox.base import Runtime, RuntimeUnavailable, Sandbox, SandboxError, SandboxSpec
 from envhub.sandbox.common import (AGENT_DIR, copy_workspace, new_state_dir, package_dir, server_argv,
                                    server_config, wait_ready)
@@ -134,7 +134,8 @@ class SingularityRuntime(Runtime):
                        else f"RLIMIT_NPROC={spec.max_procs} (binds only a non-root host uid)",
                        "file_size": f"RLIMIT_FSIZE={spec.max_file_mb} MB" if spec.max_file_mb else "none",
                        "tmp": "apptainer session directory (sized by the admin's 'sessiondir max size')",
-                       "workspace": "host directory (no size cap)", "cpu": "per-command cpu_s"},
+                       "workspace": "host directory (no size cap)", "cpu": "per-command cpu_s",
+                       "cpu_quota": "none (not implemented for this runtime)"},
             "notes": ["flags built by envhub: --containall --no-mount home,cwd,bind-paths --pid"],
         }
 
@@ -154,7 +155,7 @@ class SingularitySandbox(Sandbox):
         self.binary = binary
         self.instance = f"envhub-{sandbox_id}"
         self.proc: subprocess.Popen | None = None
-        self.log_path = os.path.join(state_dir, "run", "server.log")
+        self.log_path = os.path.join(state_dir, "server.log")  # the host's: outside the sandbox-writable run/
         self.started = False
 
     def capabilities(self) -> dict[str, Any]:
@@ -169,10 +170,13 @@ class SingularitySandbox(Sandbox):
         self.started = True
         cfg = server_config(self.spec, self.id, f"{RUN_DIR}/server.sock", RUN_DIR, self.spec.workdir,
                             child_memory=os.geteuid() != 0, nproc_rlimit=os.geteuid() != 0)
-        with open(self.log_path, "ab") as log:
+        log = hostfs.open_log(self.log_path)  # never through a symlink
+        try:
             self.proc = lifecycle.spawn(server_exec_argv(self.binary, self.spec, self.instance, cfg),
                                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log,
                                         start_new_session=True)
+        finally:
+            os.close(log)
         wait_ready(self.proc, self.log_path, f"{os.path.basename(self.binary)} instance {self.instance}")
 
     def instance_running(self) -> bool:

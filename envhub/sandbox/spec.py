@@ -19,6 +19,9 @@ class SandboxSpec:
             copy is private: the sandbox never writes to the source.
         workspace_size_mb: ``None``: the workspace is a host directory (removed by ``stop()``). A number: the
             workspace is a tmpfs of that size inside the sandbox (a flood of files hits ENOSPC, not the host disk).
+        disk_mb: a host-directory workspace (``workspace_size_mb=None``) is a tmpfs capped at this size where the
+            host lets us mount one (see ``capabilities()["limits"]["workspace"]``); ``None``: no cap.
+        disk_inodes: the most files and directories that workspace may hold (same mechanism); ``None``: no cap.
         binds: extra mounts, each ``"host_path"`` or ``"host_path:sandbox_path[:ro|rw]"`` or a
             ``(host, sandbox, "ro"|"rw")`` tuple. Read-only unless ``rw`` is given.
         network: ``False`` (default): a private network namespace with only loopback. ``True``: the host network.
@@ -29,6 +32,8 @@ class SandboxSpec:
             ``capabilities()["limits"]["processes"]`` for which one holds).
         max_file_mb: the largest file a command may write (``RLIMIT_FSIZE``: larger writes fail with EFBIG).
         cpu_s: default CPU-time cap per command (``RLIMIT_CPU``), ``None``: none (``timeout_s`` still applies).
+        cpu_quota: how many CPUs' worth of time the whole sandbox may use (a cpu cgroup's CFS quota, where this host
+            allows one; background processes left running between tool calls count too). ``None``: no quota.
         timeout_s: default wall-clock timeout per command (shell, exec, python).
         output_limit: bytes of output kept per command and stream (head and tail; what was cut is counted).
         env: extra environment variables for commands in the sandbox (on top of PATH, HOME=/tmp, LANG...).
@@ -48,6 +53,8 @@ class SandboxSpec:
     workdir: str = "/testbed"
     workspace_from: str | None = None
     workspace_size_mb: int | None = None
+    disk_mb: int | None = 4096
+    disk_inodes: int | None = 262144
     binds: list = field(default_factory=list)
     network: bool = False
     memory_mb: int | None = 2048
@@ -55,6 +62,7 @@ class SandboxSpec:
     max_procs: int | None = 256
     max_file_mb: int | None = 1024
     cpu_s: float | None = None
+    cpu_quota: float | None = 1.0
     timeout_s: float = 60.0
     output_limit: int = 65536
     env: dict = field(default_factory=dict)

@@ -17,7 +17,10 @@ job), 409 (job id reused for another request), 422 (malformed request: the detai
 or no LLM server yet). Replies of ``/process`` are encoded once and sent as bytes: a trajectory holds thousands of
 token ids, and FastAPI's generic encoder would walk each of them.
 
-Bound to a non-loopback address, every endpoint (the schema included) requires ``Authorization: Bearer <token>``.
+Bound to a non-loopback address, every endpoint (the schema included) requires ``Authorization: Bearer <token>``
+(and so does every endpoint on loopback when a token is given). Limits on what a client may send -- body size (413),
+time to send it (408), JSON content type (415), cross-site origins (403), open connections, time to send the request
+head -- are in :mod:`envhub.service.limits`.
 """
 from __future__ import annotations
 
@@ -29,6 +32,7 @@ from fastapi import Body, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
+from envhub.service.limits import DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, RequestGuard
 from envhub.service.schemas import (CancelRequest, LLMServerRequest, ProcessRequest, ProcessResponse, ServiceError,
                                     StartRequest)
 
@@ -64,7 +68,8 @@ def _readable(errors: list[dict[str, Any]]) -> str:
     return "; ".join(parts)
 
 
-def create_app(service: Any, *, token: str | None = None, autostart: bool = True) -> FastAPI:
+def create_app(service: Any, *, token: str | None = None, autostart: bool = True,
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S) -> FastAPI:
     """The FastAPI app serving ``service``. ``autostart``: start the pools when the server starts (``/start``
     still works after a ``/stop``). The service is shut down (jobs cancelled, sandboxes stopped, backends closed)
     when the server stops."""
@@ -83,6 +88,8 @@ def create_app(service: Any, *, token: str | None = None, autostart: bool = True
     app.state.service = service
     if token:
         app.add_middleware(BearerAuth, token=token)
+    # outermost: size, time, content type and origin are checked before anything else reads the request
+    app.add_middleware(RequestGuard, max_body_bytes=max_body_bytes, body_timeout_s=body_timeout_s)
 
     @app.exception_handler(ServiceError)
     async def service_error(request: Request, exc: ServiceError) -> JSONResponse:

@@ -6,7 +6,6 @@ open rollout server runs code in sandboxes on behalf of whoever can reach it.
 """
 from __future__ import annotations
 
-import ipaddress
 import socket
 import threading
 import time
@@ -14,13 +13,11 @@ from typing import Any
 
 
 def is_loopback(host: str) -> bool:
-    """Whether ``host`` only accepts connections from this machine."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+    """Whether ``host`` only accepts connections from this machine (``LOCALHOST``, ``127.1``, ``::ffff:127.0.0.1``
+    included: see :func:`envhub.service.limits.is_loopback_name`)."""
+    from envhub.service.limits import is_loopback_name
+
+    return is_loopback_name(host)
 
 
 def check_binding(host: str, token: str | None) -> None:
@@ -57,10 +54,14 @@ def raise_fd_limit() -> int:
 
 
 def make_server(service: Any, *, host: str = "127.0.0.1", port: int = 8006, token: str | None = None,
-                autostart: bool = True, log_level: str = "warning", backlog: int = 8192) -> Any:
-    """A configured ``uvicorn.Server`` for ``service`` (not started)."""
+                autostart: bool = True, log_level: str = "warning", backlog: int = 8192,
+                max_body_bytes: int | None = None, header_timeout_s: float | None = None,
+                body_timeout_s: float | None = None, max_connections: int | None = None) -> Any:
+    """A configured ``uvicorn.Server`` for ``service`` (not started). The client limits default to those in
+    :mod:`envhub.service.limits`."""
     import uvicorn
 
+    from envhub.service import limits
     from envhub.service.app import create_app
 
     class Server(uvicorn.Server):
@@ -74,20 +75,26 @@ def make_server(service: Any, *, host: str = "127.0.0.1", port: int = 8006, toke
                 await super().shutdown(sockets)
 
     check_binding(host, token)
-    app = create_app(service, token=token, autostart=autostart)
+    app = create_app(service, token=token, autostart=autostart,
+                     max_body_bytes=max_body_bytes or limits.DEFAULT_MAX_BODY_BYTES,
+                     body_timeout_s=body_timeout_s or limits.DEFAULT_BODY_TIMEOUT_S)
+    http = limits.protocol_class(max_connections or limits.DEFAULT_MAX_CONNECTIONS,
+                                 header_timeout_s or limits.DEFAULT_HEADER_TIMEOUT_S)
     # h11 keeps-alive connections a trainer reuses across calls; a long timeout avoids reconnect storms
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, backlog=backlog,
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, backlog=backlog, http=http,
                             timeout_keep_alive=120, access_log=False, lifespan="on", timeout_graceful_shutdown=30)
     return Server(config)
 
 
 def serve(service: Any, *, host: str = "127.0.0.1", port: int = 8006, token: str | None = None,
-          autostart: bool = True, log_level: str = "warning", on_ready: Any = None) -> None:
-    """Serve until SIGINT/SIGTERM; on the way out every job is cancelled and every sandbox stopped."""
+          autostart: bool = True, log_level: str = "warning", on_ready: Any = None, **limits: Any) -> None:
+    """Serve until SIGINT/SIGTERM; on the way out every job is cancelled and every sandbox stopped. ``limits``:
+    ``max_body_bytes``, ``header_timeout_s``, ``body_timeout_s``, ``max_connections`` (see :func:`make_server`)."""
     import asyncio
 
     raise_fd_limit()
-    server = make_server(service, host=host, port=port, token=token, autostart=autostart, log_level=log_level)
+    server = make_server(service, host=host, port=port, token=token, autostart=autostart, log_level=log_level,
+                         **limits)
     sock = bind(host, port)
 
     async def main() -> None:
@@ -108,10 +115,10 @@ class ServerThread:
     """
 
     def __init__(self, service: Any, *, host: str = "127.0.0.1", port: int = 0, token: str | None = None,
-                 autostart: bool = True, log_level: str = "warning"):
+                 autostart: bool = True, log_level: str = "warning", **limits: Any):
         self.service = service
         self.server = make_server(service, host=host, port=port, token=token, autostart=autostart,
-                                  log_level=log_level)
+                                  log_level=log_level, **limits)
         self.server.config.install_signal_handlers = False  # uvicorn < 0.29 reads this; newer ones skip in threads
         self.sock = bind(host, port)
         self.host = host

@@ -39,7 +39,9 @@ class PythonTool:
         timeout = clamp_timeout(arguments.get("timeout"), self.timeout, self.max_timeout)
         r = sb.python(code, timeout=timeout)
         text = r.stdout.rstrip("\n")
-        if r.timed_out:
+        if r.timed_out and r.restarted:  # it ignored the interrupt: the host restarted the sandbox
+            text = r.stdout
+        elif r.timed_out:
             text += f"\n[timed out after {timeout:g} s: the code was interrupted; the session's state is kept]"
         elif r.error:
             text = r.stdout

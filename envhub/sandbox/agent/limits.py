@@ -77,6 +77,20 @@ class OutputCap:
                f"{len(self.tail_bytes())} of {self.total}) ...]\n{tail}"
 
 
+def clip(text: str, limit: int) -> tuple[str, int]:
+    """``text`` cut to at most ``limit`` bytes (UTF-8) by :class:`OutputCap`: ``(kept text with a marker, bytes cut)``.
+
+    Used where output did not come through a cap already (the editor's views) and, on the host, on everything an
+    action server answers: code in the sandbox can rewrite the server's own caps (the python tool runs in its
+    process), so the host never trusts the server to have capped.
+    """
+    if len(text) * 4 <= limit:  # the usual case: short output, nothing to measure
+        return text, 0
+    cap = OutputCap(limit)
+    cap.feed(text.encode("utf-8", errors="replace"))
+    return (cap.text(), cap.cut) if cap.cut else (text, 0)
+
+
 def apply_rlimits(memory_mb: float | None = None, cpu_s: float | None = None, max_file_mb: float | None = None,
                   max_procs: int | None = None, oom_score_adj: int | None = 1000) -> None:
     """Lower this process's soft limits (run in a child between fork and exec).

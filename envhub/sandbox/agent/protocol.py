@@ -15,6 +15,7 @@ A reply may carry one file descriptor as ``SCM_RIGHTS`` ancillary data (``send(.
 from __future__ import annotations
 
 import struct
+from time import monotonic as _monotonic
 
 MAX_FRAME = 512 << 20  # a frame larger than this is a protocol error, never an allocation
 _HEADER = struct.Struct(">I")
@@ -79,7 +80,7 @@ def send(sock, obj: dict, fd: int | None = None) -> None:
     sock.sendall(frame[1:])
 
 
-def recv_with_fd(sock) -> tuple[dict, int | None]:
+def recv_with_fd(sock, max_frame: int = MAX_FRAME, deadline: float | None = None) -> tuple[dict, int | None]:
     """Like :func:`recv`, for a reply that may carry a file descriptor (received close-on-exec). Returns
     ``(obj, fd)``; ``fd`` is None if none came. The caller owns the descriptor."""
     import socket
@@ -92,7 +93,7 @@ def recv_with_fd(sock) -> tuple[dict, int | None]:
         if level == _SOL_SOCKET and kind == _SCM_RIGHTS and len(payload) >= _FD.size:
             fd = _FD.unpack_from(payload)[0]
     try:
-        return _finish(sock, first), fd
+        return _finish(sock, first, max_frame, deadline), fd
     except BaseException:
         if fd is not None:
             import os
@@ -101,26 +102,29 @@ def recv_with_fd(sock) -> tuple[dict, int | None]:
         raise
 
 
-def recv(sock) -> dict:
+def recv(sock, max_frame: int = MAX_FRAME, deadline: float | None = None) -> dict:
+    """One frame. ``max_frame``: the largest frame accepted (the host passes one derived from the request's output
+    limit: a hijacked server must not make it allocate more). ``deadline`` (``time.monotonic()``): a frame still
+    incomplete then is an error -- with a per-``recv`` socket timeout, this bounds a peer that trickles bytes."""
     # one recv usually brings the whole frame (header and body): a second syscall only for large frames
     first = sock.recv(1 << 16)
     if not first:
         raise ProtocolError("connection closed by peer")
-    return _finish(sock, first)
+    return _finish(sock, first, max_frame, deadline)
 
 
-def _finish(sock, first: bytes) -> dict:
+def _finish(sock, first: bytes, max_frame: int = MAX_FRAME, deadline: float | None = None) -> dict:
     """The frame whose first bytes are ``first``: read the rest, decode, check."""
     if len(first) < _HEADER.size:
-        first += _read_exact(sock, _HEADER.size - len(first))
+        first += _read_exact(sock, _HEADER.size - len(first), deadline)
     (n,) = _HEADER.unpack_from(first)
-    if n > MAX_FRAME:
-        raise ProtocolError(f"peer announced a {n}-byte frame (limit {MAX_FRAME})")
+    if n > max_frame:
+        raise ProtocolError(f"peer announced a {n}-byte frame (limit {max_frame})")
     body = first[_HEADER.size:]
     if len(body) > n:
         raise ProtocolError("peer sent more than one frame: one request at a time")
     if len(body) < n:
-        body += _read_exact(sock, n - len(body))
+        body += _read_exact(sock, n - len(body), deadline)
     try:
         obj = loads(body.decode("utf-8", errors="surrogatepass"))
     except ValueError as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
@@ -130,9 +134,11 @@ def _finish(sock, first: bytes) -> dict:
     return obj
 
 
-def _read_exact(sock, n: int) -> bytes:
+def _read_exact(sock, n: int, deadline: float | None = None) -> bytes:
     buf = bytearray()
     while len(buf) < n:
+        if deadline is not None and _monotonic() > deadline:
+            raise ProtocolError(f"frame incomplete at the deadline ({len(buf)} of {n} bytes)")
         chunk = sock.recv(min(n - len(buf), 1 << 20))
         if not chunk:
             raise ProtocolError("connection closed by peer")

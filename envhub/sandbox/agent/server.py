@@ -25,7 +25,7 @@ import sys
 import time
 
 from . import protocol
-from .limits import OutputCap, apply_rlimits
+from .limits import OutputCap, apply_rlimits, clip
 
 # subprocess, selectors, shutil, the shell, the editor and IPython are imported on first use: a sandbox is ready as
 # soon as this module and the socket are, which is most of its cold-start time.
@@ -133,10 +133,13 @@ class Server:
         if self.editor is None:
             self.editor = Editor(self.workdir)
         args = {k: req.get(k) for k in ("file_text", "old_str", "new_str", "insert_line", "view_range")}
+        limit = int(req.get("output_limit") or self.output_limit)
         try:
-            return {"failed": False, "output": self.editor.run(req.get("command"), req.get("path"), **args)}
+            out, failed = self.editor.run(req.get("command"), req.get("path"), **args), False
         except EditorError as e:
-            return {"failed": True, "output": str(e)}
+            out, failed = str(e), True
+        out, cut = clip(out, limit)  # a view of a 4 MB file is a tool output like any other: head and tail kept
+        return {"failed": failed, "output": out, "cut": cut}
 
     def op_python(self, req: dict) -> dict:
         if self.python is None:
