@@ -10,7 +10,7 @@ export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup sys-deps demo test test-fast test-core test-trainers test-vllm bench clean
+.PHONY: setup sys-deps demo lint test test-fast test-core test-trainers test-vllm bench clean
 
 sys-deps:  ## bubblewrap for the sandboxes (Debian package; we are root on these machines)
 	@command -v bwrap >/dev/null || { export DEBIAN_FRONTEND=noninteractive; \
@@ -30,7 +30,11 @@ setup: sys-deps $(VENV)/.installed
 demo: setup  ## admission + golden rollouts of every shipped env, then SmolLM2 on a few tasks
 	$(BIN)/envhub demo
 
-test: setup  ## everything CI runs: unit + integration + slow tiers, then the trainer and vLLM tiers
+lint: setup  ## ruff over the tree, mypy over the core contract (pyproject.toml [tool.ruff], [tool.mypy])
+	$(BIN)/ruff check envhub adapters environments tests benchmarks scripts
+	$(BIN)/mypy
+
+test: setup lint  ## everything CI runs: lint, unit + integration + slow tiers, then the trainer and vLLM tiers
 	$(BIN)/envhub registry verify              # every registry entry's hash matches its shipped source
 	$(BIN)/pytest -m "not vllm and not trainers" -q
 	$(MAKE) test-trainers

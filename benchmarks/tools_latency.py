@@ -114,7 +114,7 @@ def bench_interleaved(n: int, rounds: int) -> tuple[dict[str, dict[str, list[flo
                     out[method][kind] += samples
                 ratios[kind].append(statistics.median(this["envhub bash tool (bwrap)"])
                                     / statistics.median(this["raw ptyprocess (in-process)"]))
-            for i in range(min(n, 300)):
+            for _ in range(min(n, 300)):
                 t = time.perf_counter()
                 subprocess.run(["bash", "-c", cmd], capture_output=True)
                 out[fork][kind].append(time.perf_counter() - t)

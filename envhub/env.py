@@ -324,7 +324,9 @@ class ToolEnv(TextEnv):
         if spec is not None:
             factory = self.sandbox_factory
             if factory is None:
-                from envhub.sandbox import start as factory  # lazy: plain text envs never load the sandbox layer
+                from envhub.sandbox import start  # lazy: plain text envs never load the sandbox layer
+
+                factory = start
             self.sandbox = factory(spec)
 
     def release_sandbox(self) -> None:

@@ -130,7 +130,7 @@ class SingularityRuntime(Runtime):
                        "output": f"{spec.output_limit} bytes per stream (head + tail)",
                        "memory": f"apptainer --memory {spec.memory_mb}M (cgroup)" if root and spec.memory_mb
                        else f"RLIMIT_AS={spec.memory_mb} MB per process",
-                       "processes": f"apptainer --pids-limit (cgroup)" if root and spec.max_procs
+                       "processes": "apptainer --pids-limit (cgroup)" if root and spec.max_procs
                        else f"RLIMIT_NPROC={spec.max_procs} (binds only a non-root host uid)",
                        "file_size": f"RLIMIT_FSIZE={spec.max_file_mb} MB" if spec.max_file_mb else "none",
                        "tmp": "apptainer session directory (sized by the admin's 'sessiondir max size')",

@@ -32,6 +32,7 @@ from fastapi import Body, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
+import envhub
 from envhub.service.limits import DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, RequestGuard
 from envhub.service.schemas import (CancelRequest, LLMServerRequest, ProcessRequest, ProcessResponse, ServiceError,
                                     StartRequest)
@@ -83,7 +84,7 @@ def create_app(service: Any, *, token: str | None = None, autostart: bool = True
         finally:
             await service.shutdown()
 
-    app = FastAPI(title="envhub rollout service", version="0.1.0", lifespan=lifespan,
+    app = FastAPI(title="envhub rollout service", version=envhub.__version__, lifespan=lifespan,
                   description="Rollout-as-a-service (ProRL Agent API): INIT/RUN/EVAL pools over envhub envs.")
     app.state.service = service
     if token:

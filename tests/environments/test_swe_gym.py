@@ -188,7 +188,7 @@ def test_generator_check_reproduces_the_shipped_split():
 
 
 def test_bundles_verify_and_checkouts_hold_no_future(rows):
-    for repo, meta in json.loads((DATA / "repos" / "manifest.json").read_text()).items():
+    for _repo, meta in json.loads((DATA / "repos" / "manifest.json").read_text()).items():
         git("bundle", "verify", "-q", str(DATA / meta["bundle"]), cwd=DATA)
     for row in rows[::5]:
         co = repos.checkout(row["repo"], row["base_commit"])

@@ -128,7 +128,7 @@ def test_canonical_golden_scripts_equal_one_shot_rendering(data, codec, tok, fam
     words = st.lists(st.sampled_from(["ls", "the", "answer", "é", "42", "x.py", "中文", "🙂"]), min_size=1, max_size=4).map(" ".join)
     opening = [{"role": "user", "content": data.draw(words)}]
     turns = []
-    for k in range(data.draw(st.integers(1, 3))):
+    for _ in range(data.draw(st.integers(1, 3))):
         action = Action("", [ToolCall(data.draw(st.sampled_from(["bash", "finish"])), {"cmd": data.draw(words)})])
         ids = codec.action_ids(action)
         content = data.draw(words)

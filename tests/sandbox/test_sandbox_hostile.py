@@ -2,7 +2,6 @@
 cleanly restarted), and the host is never at risk (memory capped well below the machine's, processes capped)."""
 from __future__ import annotations
 
-import os
 import threading
 import time
 
