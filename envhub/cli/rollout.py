@@ -138,6 +138,9 @@ def run_rollouts(env_id: str, *, model: str = "golden", tokenizer: str | None = 
         finally:
             await backend.close()
 
+    from envhub.fdlimit import raise_nofile_limit
+
+    raise_nofile_limit()  # many concurrent sandboxed episodes need more than the default 1024 descriptors
     trajs = asyncio.run(go())
     return trajs, summarize(trajs)
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
-import traceback
 import uuid
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -27,6 +27,8 @@ from envhub.env import Message, Task, TextEnv
 from envhub.rollout.trajectory import Trajectory
 from envhub.spec import EnvSpec
 from envhub.verifier import averify
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -244,8 +246,12 @@ class _Stage:
         if exc is None or isinstance(exc, asyncio.CancelledError):
             return False
         stage = self.metric.removesuffix("_s").upper()
-        detail = "".join(traceback.format_exception(exc_type, exc, tb, limit=-3))
-        self.episode.fail("error", f"{stage}: {type(exc).__name__}: {exc}\n{detail}")
+        traj = self.episode.traj
+        # the traceback goes to the log, not the trajectory: trajectories travel to clients and trainers, and a
+        # traceback carries host paths and source lines
+        log.error("%s/%s failed in %s: %s: %s", traj.env_id, traj.task_id, stage, type(exc).__name__, exc,
+                  exc_info=(exc_type, exc, tb))
+        self.episode.fail("error", f"{stage}: {type(exc).__name__}: {exc}")
         return True  # swallowed: the failure is in the trajectory
 
 

@@ -72,7 +72,15 @@ def start(spec: SandboxSpec | None = None, **overrides) -> Sandbox:
         from dataclasses import replace
 
         spec = replace(spec, **overrides)
-    return get_runtime(spec.runtime).start(spec)
+    runtime = get_runtime(spec.runtime)
+    try:
+        return runtime.start(spec)
+    except OSError as e:
+        from envhub.fdlimit import is_out_of_descriptors, out_of_descriptors
+
+        if is_out_of_descriptors(e):  # name the limit instead of a bare "[Errno 24] Too many open files"
+            raise SandboxError(out_of_descriptors(f"starting a {spec.runtime} sandbox", e)) from None
+        raise
 
 
 def live_sandboxes() -> list[Sandbox]:

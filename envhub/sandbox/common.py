@@ -201,13 +201,14 @@ def wait_ready(proc: subprocess.Popen, log_path: str, what: str, timeout: float 
     deadline = time.monotonic() + timeout
     buf = b""
     fd = proc.stdout.fileno()
+    waiter = select.poll()  # not select(): it cannot watch a descriptor numbered 1024 or above
+    waiter.register(fd, select.POLLIN)
     while b"\n" not in buf:
         left = deadline - time.monotonic()
         if left <= 0:
             raise SandboxError(f"{what}: the action server was not ready after {timeout:g} s; log:\n"
                                f"{read_log(log_path)}")
-        r, _, _ = select.select([fd], [], [], left)
-        if r:
+        if waiter.poll(left * 1000):
             chunk = os.read(fd, 256)
             if not chunk:
                 proc.wait(timeout=5)

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field, fields
 from enum import Enum
 from typing import Any
 
+from envhub.service.errors import scrub
+
 STAGES = ("init", "run", "eval")
 
 
@@ -140,6 +142,8 @@ def result_dict(job: Job) -> dict[str, Any]:
     # this dict is encoded at once and never mutated below the top level
     out = {f.name: getattr(traj, f.name) for f in fields(traj)}
     err = critical_error(job)
+    if out.get("error"):
+        out["error"] = scrub(out["error"])  # no host paths to clients (see envhub.service.errors)
     codec = getattr(ep, "codec", None)  # holds the env's tools as the prompt rendered them
     out.update(
         job_id=job.id,

@@ -28,10 +28,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import traceback
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
+from envhub.fdlimit import raise_nofile_limit
+from envhub.service.errors import job_failure
 from envhub.service.golden import CURRENT_SPEC
 from envhub.service.jobs import STAGES, Job, State, result_dict
 from envhub.service.sandboxes import JobSandboxes, SandboxProvider, stop_all_live
@@ -76,6 +77,7 @@ class Pipeline:
         """Start the worker pools on the running event loop (idempotent)."""
         if self.running:
             return
+        raise_nofile_limit()  # a node with a thousand live sandboxes needs far more than the default 1024
         loop = asyncio.get_running_loop()
         if self._executor is None:
             # env/verifier code that blocks runs in the loop's default thread pool (asyncio.to_thread); the
@@ -159,7 +161,7 @@ class Pipeline:
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # a bug of ours must not kill the worker: the job still gets an answer
-                job.episode.fail("error", f"envhub service: {type(e).__name__}: {e}\n{traceback.format_exc()}")
+                job.episode.fail("error", job_failure(job, job.stage or "service", e, "envhub service"))
                 await self._finish(job)
 
     async def _run_stage(self, job: Job, stage: str) -> None:
@@ -183,9 +185,7 @@ class Pipeline:
                 await asyncio.wait({task})  # let it unwind (RUN frees its sandbox on the way out)
                 self._timeout(job, stage)
             elif not task.cancelled() and task.exception() is not None:
-                e = task.exception()
-                tb = "".join(traceback.format_exception(type(e), e, e.__traceback__, limit=-3))
-                ep.fail("error", f"{stage.upper()}: {type(e).__name__}: {e}\n{tb}")
+                ep.fail("error", job_failure(job, stage, task.exception()))
         except asyncio.CancelledError:  # the worker itself is being stopped: take its stage down with it
             task.cancel()
             raise
@@ -208,8 +208,7 @@ class Pipeline:
                 try:
                     ep.env = self._make_env(job)
                 except Exception as e:
-                    tb = "".join(traceback.format_exception(type(e), e, e.__traceback__, limit=-3))
-                    return ep.fail("error", f"INIT: making the env failed: {type(e).__name__}: {e}\n{tb}")
+                    return ep.fail("error", job_failure(job, stage, e, "making the env failed"))
                 ep.codec = ep.codec or self._codec_for(ep.env, ep.config.parser)
             await ep.init()
         elif stage == "run":

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from pathlib import Path
 
 import envhub
 from envhub import EnvSpec, Response, Score, TextEnv, ToolEnv, ToolResult, ToolSpec
@@ -73,6 +74,14 @@ class Plain(TextEnv):
 class RaiseMake(Plain):
     def __init__(self, *a, **kw):
         raise RuntimeError("plugin bug: the env cannot be constructed")
+
+
+class RaisePath(Plain):
+    """Fails reading a host file: the exception's message names a host path (which must not reach a client)."""
+
+    def start(self, task):
+        with open(Path(__file__).with_name("no-such-file.json")) as f:
+            return f.read()
 
 
 class RaiseInit(Plain):
@@ -136,6 +145,7 @@ def specs() -> list[EnvSpec]:
         EnvSpec(id="svc-slow", env=Slow, tasks=_rows("slow"), verifier=SlowVerifier(), golden=_say, max_turns=50),
         EnvSpec(id="svc-raise-make", env=RaiseMake, tasks=_rows("rm"), verifier=_ok, golden=_say, max_turns=1),
         EnvSpec(id="svc-raise-init", env=RaiseInit, tasks=_rows("ri"), verifier=_ok, golden=_say, max_turns=1),
+        EnvSpec(id="svc-raise-path", env=RaisePath, tasks=_rows("rp"), verifier=_ok, golden=_say, max_turns=1),
         EnvSpec(id="svc-raise-run", env=RaiseRun, tasks=_rows("rr"), verifier=_ok, golden=_say, max_turns=1),
         EnvSpec(id="svc-raise-eval", env=Plain, tasks=_rows("re"), verifier=_raise_verify, golden=_say, max_turns=1),
         EnvSpec(id="svc-sandbox", env=SandboxEnv, tasks=_rows("sb", sleep=30), verifier=SlowVerifier(),
