@@ -47,8 +47,11 @@ def _register_gym_ids() -> None:
 
     try:
         register_gym_ids()
-    except Exception:  # never let a broken install make `import envhub` fail
-        pass
+    except Exception:  # never let a broken install make `import envhub` fail, but say why ids are missing
+        import logging
+
+        logging.getLogger("envhub").warning("could not register envhub's Gymnasium ids (`gymnasium.make` of "
+                                            "envhub/<id> will not find them)", exc_info=True)
 
 
 _register_gym_ids()

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import logging
 import time
 import traceback
 from dataclasses import asdict, dataclass, field
@@ -38,6 +39,8 @@ from envhub.verifier import Score, safe_verify
 SEED = 1234
 EPISODE_TIMEOUT_S = 300.0
 VERIFIER_CHECKS = ("noop", "deterministic", "malformed", "hack")  # failing these makes the verifier unfit
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -166,8 +169,8 @@ def play(spec: EnvSpec, task: dict[str, Any], policy: Policy, *, seed: int = SEE
         if env is not None:
             try:
                 env.close()
-            except Exception:
-                pass
+            except Exception:  # the grade is already recorded; a failing close is the env's bug, reported
+                log.warning("%s: env.close() raised after a scripted episode", spec.id, exc_info=True)
     return ep
 
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -41,6 +42,8 @@ FAILOVER_ERRORS: tuple[type[BaseException], ...] = (BackendError, ConnectionErro
 """Errors that mean "this backend is unwell", so the pool moves the session elsewhere. Not every ``OSError``: a
 policy that fails to read a file is a bug to report, not a server to abandon. (``asyncio.TimeoutError`` is
 ``TimeoutError`` from Python 3.11 on, listed for 3.10; the HTTP backends wrap transport errors in ``BackendError``.)"""
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -307,7 +310,7 @@ class BackendPool(LLMBackend):
         try:
             member.backend.close_session(session_id)
         except Exception:  # a dying backend must not stop the session from moving on
-            pass
+            log.warning("backend %r: close_session(%s) raised", member.backend, session_id, exc_info=True)
 
     def _down(self, member: _Member, error: str) -> None:
         member.healthy = False

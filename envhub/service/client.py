@@ -64,7 +64,7 @@ def local_addresses() -> set[str]:
 
         for addrs in psutil.net_if_addrs().values():
             names |= {a.address.split("%")[0] for a in addrs if a.family in (socket.AF_INET, socket.AF_INET6)}
-    except Exception:  # psutil is optional: the names above cover the usual cases
+    except Exception:  # noqa: S110 (psutil is optional: the names above cover the usual cases)
         pass
     return {n.lower() for n in names if n}
 

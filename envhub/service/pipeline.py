@@ -32,7 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
 from envhub.fdlimit import raise_nofile_limit
-from envhub.service.errors import job_failure
+from envhub.service.errors import job_failure, log
 from envhub.service.golden import CURRENT_SPEC
 from envhub.service.jobs import STAGES, Job, State, result_dict
 from envhub.service.sandboxes import JobSandboxes, SandboxProvider, stop_all_live
@@ -273,8 +273,8 @@ class Pipeline:
         if self.on_finish is not None:
             try:
                 self.on_finish(job, result)
-            except Exception:
-                pass
+            except Exception:  # a broken observer must not keep the client from its answer; it is logged
+                log.error("job %s: the on_finish callback raised", job.id, exc_info=True)
         job.future.set_result(result)
 
     def _spawn(self, coro: Any) -> None:

@@ -15,11 +15,15 @@ The sandbox layer (``envhub.sandbox``) is imported only when an env actually ask
 """
 from __future__ import annotations
 
+import logging
+
 import sys
 import threading
 import time
 from collections import OrderedDict
 from typing import Any, Callable
+
+log = logging.getLogger("envhub.service")
 
 
 class SandboxProvider:
@@ -170,8 +174,8 @@ class JobSandboxes:
                 running += 1
             try:
                 sb.stop()
-            except Exception:  # one bad stop must not keep the others alive
-                pass
+            except Exception:  # one bad stop must not keep the others alive; a possible leak is logged
+                log.warning("sandbox %s: stop() raised", getattr(sb, "id", "?"), exc_info=True)
         return running
 
 
@@ -196,5 +200,5 @@ def stop_all_live() -> int:
         try:
             sb.stop()
         except Exception:
-            pass
+            log.warning("sandbox %s: stop() raised", getattr(sb, "id", "?"), exc_info=True)
     return len(left)

@@ -23,6 +23,7 @@ shell stops answering or exits, a fresh one is started and the result says so.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import re
@@ -213,18 +214,14 @@ class BashSession:
                 os.killpg(proc.pid, sig)
             except OSError:
                 pass
-            try:
+            with contextlib.suppress(Exception):  # best-effort teardown of a shell being discarded
                 if sig == signal.SIGHUP:
                     deadline = time.monotonic() + 0.2
                     while proc.isalive() and time.monotonic() < deadline:
                         time.sleep(0.005)
-            except Exception:
-                pass
-        try:
+        with contextlib.suppress(Exception):
             proc.delayafterclose = 0  # ptyprocess sleeps 0.1 s after close by default; the group is already dead
             proc.close(force=True)
-        except Exception:
-            pass
 
     def ensure_started(self) -> bool:
         """Start the shell if it is not running. Returns True when it replaces one that died (state was lost)."""

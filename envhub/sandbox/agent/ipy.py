@@ -7,6 +7,8 @@ stops pure-Python loops; the server's watchdog covers code stuck inside C.
 """
 from __future__ import annotations
 
+import contextlib
+
 import io
 import signal
 import sys
@@ -43,10 +45,8 @@ class PythonSession:
             from IPython.core.interactiveshell import InteractiveShell
 
             self.shell = InteractiveShell.instance(colors="nocolor", history_length=0, cache_size=0)
-            try:
+            with contextlib.suppress(Exception):  # older IPython: no history manager to switch off
                 self.shell.history_manager.enabled = False
-            except Exception:
-                pass
         return self.shell
 
     def run(self, code: str, timeout: float, output_limit: int) -> tuple[bool, str, dict]:

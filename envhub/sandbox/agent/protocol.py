@@ -57,7 +57,7 @@ def _codec():
 
         if loads(dumps({"a": [1, 2.5, "é", None, True]})) == {"a": [1, 2.5, "é", None, True]}:
             return dumps, loads
-    except Exception:  # an interpreter whose _json differs: the public module is always right
+    except Exception:  # noqa: S110 (an interpreter whose _json differs: the public module below is always right)
         pass
     import json
 
