@@ -24,13 +24,17 @@ agent-level keys ride along in it and are taken out: ``max_turns`` (or ProRL's `
 
 ========================  =================================================================================
 ``max_model_len``         the token budget of the whole sequence, prompt + response (= ``max_length``; the
-                          smaller wins when both are given)
+                          smaller wins when both are given). Each model call may sample what is left of it,
+                          as ProRL's token-level client sets ``max_tokens = max_model_len - len(input_ids)``
+``max_output_tokens``     each model call's ``max_tokens`` (OpenHands' ``LLMConfig.max_output_tokens``, sent
+                          as ``max_completion_tokens``), still within what is left of ``max_model_len``; an
+                          explicit ``max_tokens`` wins
 ``max_input_tokens``      the longest prompt accepted: a longer one ends the job as a marked failure
-                          (``finish_reason="error"``), never a silently left-truncated chat
-``max_output_tokens``     the response budget (model + env tokens, so the trainer's
-                          ``max_prompt_length + max_response_length == max_model_len`` holds); also each model
-                          call's ``max_tokens`` unless one is given, so the default 512 does not cap it
+                          (``finish_reason="error"``, ``critical_error="init"``), never a left-truncated chat
 ========================  =================================================================================
+
+Without ``max_tokens``/``max_output_tokens`` but with ``max_model_len``, a call may sample up to the rest of
+``max_model_len`` (ProRL), not envhub's default 512.
 
 Every other key (a LiteLLM/OpenHands option such as ``model``, ``api_key``, ``native_tool_calling``,
 ``strict_loop_detector``, or a typo) is **not** sent to the LLM server: sending ``model`` to vLLM would change the
@@ -243,12 +247,13 @@ def rollout_config(sampling_params: dict[str, Any], *, default_timeout: float | 
     if "parser" in agent and not isinstance(agent["parser"], str):
         raise ServiceError(422, "sampling_params.parser must be a parser name (a string)")
     lengths = [agent[k] for k in ("max_length", "max_model_len") if agent.get(k) is not None]
-    response_cap = agent.get("max_output_tokens")
-    if response_cap is not None and sampling.get("max_tokens") is None:
-        sampling["max_tokens"] = response_cap  # ProRL: max_output_tokens is the model call's length cap
+    if sampling.get("max_tokens") is None:  # ProRL: per call, max_output_tokens, else the rest of max_model_len
+        cap = agent.get("max_output_tokens") or agent.get("max_model_len")
+        if cap is not None:
+            sampling["max_tokens"] = cap  # the executor lowers it to what is left of max_length each turn
     config = RolloutConfig(
         max_turns=agent.get("max_turns"), max_length=min(lengths) if lengths else 4096,
-        max_prompt_length=agent.get("max_input_tokens"), max_response_length=response_cap,
+        max_prompt_length=agent.get("max_input_tokens"),
         sampling=SamplingParams.from_dict(sampling), parser=agent.get("parser") or "auto",
         policy_version=agent.get("policy_version"),
     )

@@ -122,31 +122,55 @@ async def test_envhub_client_gets_back_the_untrimmed_faithful_trajectory(prorl_s
 
 
 async def test_sampling_caps_are_honoured_and_a_cut_reaches_the_batch_as_truncated(prorl_server, tiny_tokenizer):
-    """``max_output_tokens`` / ``max_model_len`` (NeMo-RL's ``max_response_length`` / ``vllm_cfg.max_model_len``):
-    every model call and the whole response stay within them; the cut arrives as ``truncated`` with the last
-    message the assistant's; ``max_input_tokens`` refuses a longer prompt as a marked failure."""
+    """ProRL's caps as NeMo-RL sends them (``max_input_tokens = max_prompt_length``, ``max_output_tokens =
+    max_response_length``, ``max_model_len`` = their sum): no call samples past ``max_output_tokens`` or what is left
+    of ``max_model_len`` (ProRL ``openhands/llm/nvidia/qwen3.py``: ``max_tokens = max_model_len - len(input_ids)``;
+    ``openhands/llm/llm.py``: ``max_completion_tokens = max_output_tokens``), the sequence never exceeds
+    ``max_model_len``, the cut reaches the batch as ``truncated`` with the assistant's message last; a prompt over
+    ``max_input_tokens`` is a marked failure."""
     srv, backend = prorl_server()
     instances = dataset("guess-number", 1)
-    cap = 24
-    sp = nemo_rl_sampling_params(max_prompt_length=4096, max_response_length=cap, max_turns=12)
+    async with httpx.AsyncClient(base_url=srv.url, timeout=120) as c:
+        probe = (await c.post("/process", json={"instance": {**instances[0], "trajectory_id": 9}})).json()
+    prompt_len, cap = len(probe["prompt_ids"]), 40
+    assert len(probe["response_ids"]) > cap  # uncapped, the golden game is longer than the cap
+    backend.seen.clear()
+    sp = nemo_rl_sampling_params(max_prompt_length=prompt_len, max_response_length=cap, max_turns=12)
     results = await request_from_prorl_server(srv.url, batched_data_dict_to_messages(instances, 2), sp)
     replies = deepcopy(replies_in_batch_order(results, instances))
     batch = results_to_batched_data_dict(results, {"instance": instances}, tiny_tokenizer.pad_token_id)
     for row, r in enumerate(replies):
         assert r["finish_reason"] == "length" and r["end_properly"] is False and batch["truncated"][row].item()
-        assert len(r["response_ids"]) <= cap and r["messages"][-1]["role"] == "assistant"
+        assert len(r["prompt_ids"]) + len(r["response_ids"]) <= sp["max_model_len"]
+        assert r["messages"][-1]["role"] == "assistant"
         assert sum(len(m["token_ids"]) for m in batch["message_log"][row]) == len(r["prompt_ids"]) + len(
             r["response_ids"])
+        for m in r["messages"]:  # each call: at most max_output_tokens, within what max_model_len left
+            if m["role"] == "assistant":
+                assert len(m["token_ids"]) <= min(cap, sp["max_model_len"] - len(m["input_ids"]))
     assert backend.seen and all(p.max_tokens <= cap for p in backend.seen)
     assert calculate_metrics(batch, 12)["truncation_rate"] == 1.0
 
-    prompt_len = len(replies[0]["prompt_ids"])
     tight = nemo_rl_sampling_params(max_prompt_length=prompt_len - 1, max_response_length=64, max_turns=12)
     async with httpx.AsyncClient(base_url=srv.url, timeout=120) as c:
         r = (await c.post("/process", json={"instance": {**instances[0], "trajectory_id": 0},
                                             "sampling_params": tight})).json()
     assert r["finish_reason"] == "error" and r["critical_error"] == "init" and r["filter"] is True
     assert "max_prompt_length" in r["error"] and r["messages"] == [] and r["score"] == 0.0
+
+
+def test_without_max_tokens_a_call_may_use_the_rest_of_max_model_len():
+    """Not envhub's default 512: with only ``max_model_len`` (ProRL's token-level client), a call's cap is the
+    rest of the context; an explicit ``max_tokens`` still wins; unknown keys are dropped, vLLM knobs kept."""
+    from envhub.service.schemas import rollout_config
+
+    cfg, _, ignored = rollout_config({"max_model_len": 3000, "repetition_penalty": 1.1, "strict_loop_detector": 1},
+                                     default_timeout=None, request_timeout=None)
+    assert cfg.max_length == 3000 and cfg.sampling.max_tokens == 3000 and ignored == ["strict_loop_detector"]
+    assert cfg.sampling.extra == {"repetition_penalty": 1.1}
+    cfg, _, _ = rollout_config({"max_model_len": 3000, "max_output_tokens": 700, "max_tokens": 9},
+                               default_timeout=None, request_timeout=None)
+    assert cfg.sampling.max_tokens == 9 and cfg.max_response_length is None
 
 
 async def test_dapo_group_filter_reads_score_and_finish(prorl_server):
