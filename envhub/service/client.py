@@ -258,11 +258,7 @@ class RolloutClient:
 def _trajectory(data: dict[str, Any]) -> Any:
     from envhub.rollout.trajectory import Trajectory
 
-    from envhub.service.prorl import text_log
-
-    traj = Trajectory.from_dict(data)
-    if "trailing_messages" in data:  # a ProRL-shaped reply: back to envhub's plain, untrimmed message log
-        traj.messages = text_log(data.get("messages") or [], data["trailing_messages"])
+    traj = Trajectory.from_dict(data)  # a ProRL-shaped reply: back to envhub's plain, untrimmed message log
     traj.details.setdefault("job_id", data.get("job_id"))
     for key in ("timing", "critical_error", "trajectory_id", "instance_id"):  # ProRL's extras, kept
         traj.details[key] = data.get(key)

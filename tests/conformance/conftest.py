@@ -36,11 +36,16 @@ def prorl_server(tiny_tokenizer):
             self.seen: list = []
             self.hold = threading.Event()
             self.hold.set()
+            self.unwind_s = 0.0  # how long a cancelled call takes to stop (a real HTTP call to vLLM is not instant)
 
         async def generate(self, prompt_ids, params, *, session_id=""):
             self.seen.append(params)
-            while not self.hold.is_set():  # the server's loop runs in another thread: poll, never block it
-                await asyncio.sleep(0.02)
+            try:
+                while not self.hold.is_set():  # the server's loop runs in another thread: poll, never block it
+                    await asyncio.sleep(0.02)
+            except asyncio.CancelledError:
+                await asyncio.shield(asyncio.sleep(self.unwind_s))
+                raise
             gen = await super().generate(prompt_ids, params, session_id=session_id)
             return Generation(gen.token_ids, [logprob_of(i, t) for i, t in enumerate(gen.token_ids)],
                               gen.finish_reason)

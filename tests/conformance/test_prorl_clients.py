@@ -212,6 +212,7 @@ async def test_dapo_cancel_then_retry_with_the_same_job_id_runs_a_new_job(prorl_
         for concurrent in (False, True):
             job_id = f"dapo-{concurrent}"
             backend.hold.clear()
+            backend.unwind_s = 1.5 if concurrent else 0.0  # concurrent: the retry lands while the job unwinds
             first = asyncio.ensure_future(c.post("/process", json={"instance": inst, "sampling_params": sp,
                                                                    "job_id": job_id}))
             await _wait_running(c)
@@ -220,7 +221,9 @@ async def test_dapo_cancel_then_retry_with_the_same_job_id_runs_a_new_job(prorl_
             if not concurrent:
                 assert (await first).json()["finish_reason"] == "cancelled"
             retry = asyncio.ensure_future(send_single_message(s, srv.url, inst, sp, job_id=job_id))
-            await asyncio.sleep(0.2)
+            await asyncio.sleep(0.3)
+            if concurrent:
+                assert not first.done()  # the cancelled job is still unwinding: the retry really raced it
             backend.hold.set()
             data, should_retry = await retry
             assert not should_retry and data["finish_reason"] == "done" and data["score"] == 1.0, data
@@ -271,3 +274,18 @@ def test_real_envhub_serve_subprocess_feeds_nemo_rl(tiny_tokenizer):
     finally:
         proc.terminate()
         proc.wait(timeout=60)
+
+
+async def test_a_saved_raw_reply_loads_as_the_faithful_trajectory(prorl_server, tiny_tokenizer):
+    """A raw reply written to disk and read back with ``Trajectory.from_dict`` (what ``envhub`` fidelity tools
+    load) is the plain, untrimmed trajectory, which passes the token-fidelity check."""
+    import json
+
+    from envhub.rollout.trajectory import Trajectory
+
+    srv, _ = prorl_server()
+    async with httpx.AsyncClient(base_url=srv.url, timeout=120) as c:
+        raw = (await c.post("/process", json={"instance": {"env_id": "math-python", "task_id": "math-2-0000"}})).json()
+    traj = Trajectory.from_dict(json.loads(json.dumps(raw)))
+    assert raw["trailing_messages"] and traj.messages[-len(raw["trailing_messages"]):] == raw["trailing_messages"]
+    assert traj.check(tiny_tokenizer, tools=json.loads(traj.details["tools"])) == []
