@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, fields
 from enum import Enum
 from typing import Any
 
-from envhub.service.prorl import prorl_fields
+from envhub.service.prorl import encode_with_shared_contexts, prorl_fields
 
 STAGES = ("init", "run", "eval")
 
@@ -161,8 +161,13 @@ def result_dict(job: Job) -> dict[str, Any]:
 
 
 def encode_result(result: dict[str, Any]) -> bytes:
-    """JSON bytes of a reply. ``allow_nan`` stays on: a ``-inf`` logprob is legal data (vLLM sends it)."""
-    return json.dumps(result, ensure_ascii=False, separators=(",", ":"), default=str).encode()
+    """JSON bytes of a reply. ``allow_nan`` stays on: a ``-inf`` logprob is legal data (vLLM sends it). The
+    per-message ``input_ids`` are sliced from one encoding of the context (``encode_with_shared_contexts``)."""
+    return encode_with_shared_contexts(result, _dumps).encode()
+
+
+def _dumps(obj: Any) -> str:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), default=str)
 
 
 class ResultCache:

@@ -69,3 +69,22 @@ def test_a_few_shot_assistant_turn_in_the_prompt_stays_in_the_prompt():
     first = next(i for i, m in enumerate(out) if m["role"] == "assistant")
     assert sum((m["token_ids"] for m in out[:first]), []) == [1, 2, 3] and out[first]["token_ids"] == []
     assert sum((m["token_ids"] for m in out), []) == [1, 2, 3, 7, 8]
+
+
+@pytest.mark.parametrize("seed", range(50))
+def test_the_shared_context_encoding_is_byte_for_byte_plain_json(seed):
+    """``encode_result`` slices each ``input_ids`` from one encoding of the context: the bytes must equal the plain
+    encoding, including for messages whose ``input_ids`` is not a prefix, and for content that imitates the
+    placeholder (an env cannot forge one: the nonce is random)."""
+    import json
+
+    from envhub.service.jobs import _dumps, encode_result
+
+    messages, turns, prompt_ids, response_ids, logprobs, _ = layout(seed)
+    out, trailing = prorl_messages(messages, turns, prompt_ids, response_ids, logprobs)
+    out.append({"role": "user", "content": "\x00deadbeefdeadbeef:1\x00", "input_ids": [prompt_ids[0] + 1]})
+    if seed % 2:
+        out[-2] = {**out[-2], "input_ids": [9, 9, 9]}  # not a prefix of the context: encoded as it is
+    result = {"prompt_ids": prompt_ids, "response_ids": response_ids, "messages": out, "x": float("-inf")}
+    assert encode_result(result) == _dumps(result).encode()
+    assert json.loads(encode_result(result))["messages"] == json.loads(_dumps(result))["messages"]
