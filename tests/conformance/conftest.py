@@ -11,12 +11,9 @@ from pathlib import Path
 import pytest
 
 HERE = Path(__file__).parent
-sys.path.insert(0, str(HERE))  # prorl_clients, whatever the import mode
+sys.path.insert(0, str(HERE))  # prorl_clients, prorl_fixtures, whatever the import mode
 
-
-def logprob_of(position: int, token: int) -> float:
-    """The logprob the test backend reports for ``token`` sampled at ``position`` of a turn: distinct per place."""
-    return -((token % 89) + 1) / 100.0 - position / 1000.0
+from prorl_fixtures import logprob_of  # noqa: E402
 
 
 @pytest.fixture

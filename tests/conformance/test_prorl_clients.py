@@ -18,7 +18,7 @@ import aiohttp
 import httpx
 import pytest
 import torch
-from conftest import logprob_of
+from prorl_fixtures import logprob_of
 from prorl_clients import (batched_data_dict_to_messages, calculate_metrics, dapo_filter_easy_hard_instance,
                            nemo_rl_sampling_params, request_from_prorl_server, results_to_batched_data_dict,
                            send_single_message, verl_convert)
