@@ -65,6 +65,9 @@ class Episode:
         self.env = env
         self.codec = codec
         self.messages: list[Message] = []
+        # one (index in messages, start, end) per model call: where its message sits and which response_ids it
+        # sampled (the ProRL reply's per-message token fields are cut along these, envhub.service.prorl)
+        self.turns: list[tuple[int, int, int]] = []
         self.artifacts: dict[str, Any] | None = None
         self.traj = Trajectory(env_id=spec.id, task_id=str(task.get("task_id", "")),
                                policy_version=self.config.policy_version)
@@ -153,6 +156,7 @@ class Episode:
             # True only for the template's own end-of-turn token: after another EOS the delta must still close the turn
             self._sampled_eos = codec.ends_turn(ids)
             message, action = codec.assistant_message(ids, turn=t.num_turns, stop=params.stop or None)
+            self.turns.append((len(self.messages), len(response_ids) - len(ids), len(response_ids)))
             self.messages.append(message)
             if gen.finish_reason == "length":
                 return self._cut("length")

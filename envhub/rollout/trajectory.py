@@ -76,7 +76,12 @@ class Trajectory:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Trajectory:
         names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names})
+        traj = cls(**{k: v for k, v in d.items() if k in names})
+        if "trailing_messages" in d:  # a rollout service reply (ProRL's trimmed, token-carrying messages)
+            from envhub.service.prorl import text_log
+
+            traj.messages = text_log(d.get("messages") or [], d["trailing_messages"])
+        return traj
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), ensure_ascii=False)

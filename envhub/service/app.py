@@ -3,6 +3,7 @@
 ==========================  ==============================================================================
 ``POST /process``           ``{instance, sampling_params, job_id?, timeout?}`` → the trajectory, when done
 ``POST /cancel``            ``{job_id}`` → the job's waiting request is answered with a cancelled trajectory
+                            (an id the server does not hold: 200 ``{"cancelled": false}``, as ProRL)
 ``POST /add_llm_server``    ``{address}`` → add a vLLM/SGLang server (or ``"golden"``) to the backend pool
 ``POST /clear_llm_server``  remove every backend; running rollouts wait for the next one (checkpoint swap)
 ``POST /start``             start the worker pools (the server starts them itself unless told not to)
@@ -12,8 +13,8 @@
 ``GET /openapi.json``       the schema (``/docs`` renders it)
 ==========================  ==============================================================================
 
-Errors are JSON ``{"detail": "..."}`` with a status saying whose fault it is: 401 (token), 404 (unknown env, task or
-job), 409 (job id reused for another request), 422 (malformed request: the detail lists each problem), 503 (stopped,
+Errors are JSON ``{"detail": "..."}`` with a status saying whose fault it is: 400 (unknown env, as ProRL), 401 (token),
+404 (unknown task or split), 409 (job id reused for another request), 422 (malformed request: the detail lists each problem), 503 (stopped,
 or no LLM server yet). Replies of ``/process`` are encoded once and sent as bytes: a trajectory holds thousands of
 token ids, and FastAPI's generic encoder would walk each of them.
 

@@ -258,7 +258,7 @@ class RolloutClient:
 def _trajectory(data: dict[str, Any]) -> Any:
     from envhub.rollout.trajectory import Trajectory
 
-    traj = Trajectory.from_dict(data)
+    traj = Trajectory.from_dict(data)  # a ProRL-shaped reply: back to envhub's plain, untrimmed message log
     traj.details.setdefault("job_id", data.get("job_id"))
     for key in ("timing", "critical_error", "trajectory_id", "instance_id"):  # ProRL's extras, kept
         traj.details[key] = data.get(key)

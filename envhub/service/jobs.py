@@ -12,7 +12,8 @@ ProRL's ``timing`` shape (``init_time``, ``run_time``, ``eval_time``, ``others_t
 
 :func:`result_dict` turns a finished job into the ``/process`` reply: the :class:`~envhub.rollout.trajectory.Trajectory`
 fields plus the ProRL Agent fields its clients read (``instance_id``, ``trajectory_id``, ``resolved``,
-``critical_error``, ``timing``, ``filter``, ``tools``).
+``critical_error``, ``timing``, ``filter``, ``tools``, and from :mod:`envhub.service.prorl` the per-message
+``token_ids``/``input_ids``/``logprobs``, ``score``, ``end_properly``, ``finish``, ``success``).
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from enum import Enum
 from typing import Any
 
 from envhub.service.errors import scrub
+from envhub.service.prorl import encode_with_shared_contexts, prorl_fields
 
 STAGES = ("init", "run", "eval")
 
@@ -156,12 +158,19 @@ def result_dict(job: Job) -> dict[str, Any]:
         timing=timing,
         tools=list(getattr(codec, "tools", None) or []),
     )
+    # ProRL's per-message tokens and outcome flags (envhub.service.prorl); ``messages`` becomes ProRL's shape
+    out.update(prorl_fields(traj, getattr(ep, "turns", [])))
     return out
 
 
 def encode_result(result: dict[str, Any]) -> bytes:
-    """JSON bytes of a reply. ``allow_nan`` stays on: a ``-inf`` logprob is legal data (vLLM sends it)."""
-    return json.dumps(result, ensure_ascii=False, separators=(",", ":"), default=str).encode()
+    """JSON bytes of a reply. ``allow_nan`` stays on: a ``-inf`` logprob is legal data (vLLM sends it). The
+    per-message ``input_ids`` are sliced from one encoding of the context (``encode_with_shared_contexts``)."""
+    return encode_with_shared_contexts(result, _dumps).encode()
+
+
+def _dumps(obj: Any) -> str:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), default=str)
 
 
 class ResultCache:

@@ -16,11 +16,30 @@ this one. What differs is only what ``instance`` means, and ProRL's own keys are
 ===================  =====================================================================================
 
 ``sampling_params`` is :class:`~envhub.backends.base.SamplingParams` (``max_tokens``/``max_new_tokens``,
-``temperature``, ``top_p``, ``top_k``, ``seed``, ``stop``, ``stop_token_ids``; other keys go to the LLM server as
-extras). As in ProRL, agent-level keys ride along in it and are taken out: ``max_turns`` (or ProRL's
-``max_iterations``), ``max_length``, ``timeout``, ``policy_version``, ``parser``. Keys that only a LiteLLM client
-understands (``model``, ``api_key``, ``native_tool_calling``...) are dropped and listed in the reply's
-``details.ignored_params``: sending them to vLLM would change the served model name or be rejected.
+``temperature``, ``top_p``, ``top_k``, ``seed``, ``stop``, ``stop_token_ids``), plus the vLLM sampling knobs in
+:data:`VLLM_EXTRA_KEYS` (passed through) and an explicit ``extra`` dict (passed through as is). As in ProRL,
+agent-level keys ride along in it and are taken out: ``max_turns`` (or ProRL's ``max_iterations``),
+``max_length``, ``timeout``, ``policy_version``, ``parser``, and ProRL's three length caps (what NeMo-RL's
+``ProRLEnvironment`` sends, from its ``max_prompt_length``/``max_response_length``/``vllm_cfg.max_model_len``):
+
+========================  =================================================================================
+``max_model_len``         the token budget of the whole sequence, prompt + response (= ``max_length``; the
+                          smaller wins when both are given). Each model call may sample what is left of it,
+                          as ProRL's token-level client sets ``max_tokens = max_model_len - len(input_ids)``
+``max_output_tokens``     each model call's ``max_tokens`` (OpenHands' ``LLMConfig.max_output_tokens``, sent
+                          as ``max_completion_tokens``), still within what is left of ``max_model_len``; an
+                          explicit ``max_tokens`` wins
+``max_input_tokens``      the longest prompt accepted: a longer one ends the job as a marked failure
+                          (``finish_reason="error"``, ``critical_error="init"``), never a left-truncated chat
+========================  =================================================================================
+
+Without ``max_tokens``/``max_output_tokens`` but with ``max_model_len``, a call may sample up to the rest of
+``max_model_len`` (ProRL), not envhub's default 512.
+
+Every other key (a LiteLLM/OpenHands option such as ``model``, ``api_key``, ``native_tool_calling``,
+``strict_loop_detector``, or a typo) is **not** sent to the LLM server: sending ``model`` to vLLM would change the
+served model name, and an unknown key is rejected or silently misread. Such keys are listed in the reply's
+``details.ignored_params``.
 """
 from __future__ import annotations
 
@@ -31,12 +50,14 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-AGENT_KEYS = ("max_turns", "max_iterations", "max_length", "timeout", "policy_version", "parser")
-LITELLM_KEYS = frozenset({
-    "model", "api_key", "base_url", "modify_params", "log_completions", "native_tool_calling", "custom_llm_provider",
-    "token_level_generation", "custom_tokenizer", "enable_thinking", "caching_prompt", "drop_params",
-    "ensure_thinking_end_properly",
-})
+AGENT_KEYS = ("max_turns", "max_iterations", "max_length", "timeout", "policy_version", "parser",
+              "max_model_len", "max_input_tokens", "max_output_tokens")
+SAMPLING_KEYS = frozenset({"max_tokens", "max_new_tokens", "temperature", "top_p", "top_k", "seed", "stop",
+                           "stop_token_ids", "extra"})
+#: vLLM/SGLang sampling knobs passed through to the LLM server (anything else is dropped: see the module docstring)
+VLLM_EXTRA_KEYS = frozenset({"min_p", "min_tokens", "repetition_penalty", "presence_penalty", "frequency_penalty",
+                             "ignore_eos", "skip_special_tokens", "spaces_between_special_tokens", "logit_bias",
+                             "bad_words", "include_stop_str_in_output"})
 
 
 class ServiceError(Exception):
@@ -102,7 +123,14 @@ class ProcessResponse(BaseModel):
     filter: bool = Field(description="ProRL: true when a trainer should not use this sample")
     error: str | None = None
     num_turns: int
-    messages: list[dict[str, Any]]
+    messages: list[dict[str, Any]] = Field(description="ProRL's shape: trimmed to the last assistant message; each "
+                                          "message has token_ids (+ input_ids, logprobs on the assistant's)")
+    trailing_messages: list[dict[str, Any]] = Field(description="the messages after the last assistant message "
+                                                    "(no tokens); envhub's client re-appends them")
+    score: float = Field(description="ProRL: the reward (NeMo-RL's total_reward)")
+    end_properly: bool = Field(description="ProRL: the episode ended on its own (NeMo-RL: truncated = not this)")
+    finish: bool = Field(description="ProRL: the agent finished (here: the env terminated the episode)")
+    success: bool = Field(description="ProRL: the run ended without failure (finish_reason == 'done')")
     tools: list[dict[str, Any]]
     metrics: dict[str, float]
     timing: dict[str, Any] = Field(description="ProRL: init_time, run_time, eval_time, others_time, "
@@ -120,7 +148,7 @@ def env_id_of(instance: dict[str, Any]) -> str:
     env_id = instance.get("env_id", instance.get("data_source"))
     if not isinstance(env_id, str) or not env_id:
         raise ServiceError(422, "instance must name its env: {\"env_id\": \"countdown\", ...} (ProRL's "
-                                "\"data_source\" is accepted too)")
+                                "\"data_source\" is accepted too; unlike ProRL there is no default env)")
     return env_id
 
 
@@ -151,15 +179,17 @@ def task_ref(instance: dict[str, Any]) -> tuple[str, str | None]:
 
 
 def split_params(sampling_params: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
-    """``(sampling, agent, ignored)``: SamplingParams keys, agent-level keys, and dropped LiteLLM keys."""
+    """``(sampling, agent, ignored)``: what goes to the LLM server, agent-level keys, and dropped keys."""
     sampling, agent, ignored = {}, {}, []
     for key, value in sampling_params.items():
         if key in AGENT_KEYS:
             agent["max_turns" if key == "max_iterations" else key] = value
-        elif key in LITELLM_KEYS:
-            ignored.append(key)
-        else:
+        elif key in SAMPLING_KEYS or key in VLLM_EXTRA_KEYS:
             sampling[key] = value
+        else:
+            ignored.append(key)
+    if "extra" in sampling and not isinstance(sampling["extra"], dict):
+        raise ServiceError(422, "sampling_params.extra must be an object of backend-specific sampling knobs")
     return sampling, agent, sorted(ignored)
 
 
@@ -211,11 +241,19 @@ def rollout_config(sampling_params: dict[str, Any], *, default_timeout: float | 
         raise ServiceError(422, "sampling_params.stop_token_ids must be a list of integers")
     _number(agent, "max_turns", integer=True, low=1)
     _number(agent, "max_length", integer=True, low=1)
+    for key in ("max_model_len", "max_input_tokens", "max_output_tokens"):  # ProRL's caps (module docstring)
+        _number(agent, key, integer=True, low=1)
     _number(agent, "timeout", low=0.001)
     if "parser" in agent and not isinstance(agent["parser"], str):
         raise ServiceError(422, "sampling_params.parser must be a parser name (a string)")
+    lengths = [agent[k] for k in ("max_length", "max_model_len") if agent.get(k) is not None]
+    if sampling.get("max_tokens") is None:  # ProRL: per call, max_output_tokens, else the rest of max_model_len
+        cap = agent.get("max_output_tokens") or agent.get("max_model_len")
+        if cap is not None:
+            sampling["max_tokens"] = cap  # the executor lowers it to what is left of max_length each turn
     config = RolloutConfig(
-        max_turns=agent.get("max_turns"), max_length=agent.get("max_length") or 4096,
+        max_turns=agent.get("max_turns"), max_length=min(lengths) if lengths else 4096,
+        max_prompt_length=agent.get("max_input_tokens"),
         sampling=SamplingParams.from_dict(sampling), parser=agent.get("parser") or "auto",
         policy_version=agent.get("policy_version"),
     )

@@ -61,6 +61,7 @@ class RolloutService:
         self.counts = {"joined": 0, "replayed": 0, "rejected": 0}
         self._inflight: dict[str, tuple[str, asyncio.Future]] = {}  # job id -> (fingerprint, answer)
         self._cancel_pending: set[str] = set()
+        self._cancelled: set[str] = set()  # ids cancelled while in flight: a retry with the id runs a new job
         self._specs: dict[str, Any] = {}
         self._tasks: dict[tuple[str, str], dict[str, dict]] = {}
         self._load_lock: asyncio.Lock | None = None
@@ -101,6 +102,12 @@ class RolloutService:
         job_id = req.job_id or uuid.uuid4().hex
         fp = fingerprint(req)
         entry = self._inflight.get(job_id)
+        if entry is not None and job_id in self._cancelled:
+            # ProRL's DAPO client resends a job it has just cancelled with the same job_id: that is a new job, not a
+            # share of the cancelled one's answer. Wait for the cancelled job to unwind, then go on as if fresh.
+            self._same(job_id, fp, entry[0])
+            await asyncio.wait([entry[1]])
+            entry = self._inflight.get(job_id)  # a concurrent retry may have started the new job already: join it
         if entry is not None:
             self._same(job_id, fp, entry[0])
             self.counts["joined"] += 1
@@ -114,10 +121,18 @@ class RolloutService:
             raise ServiceError(503, "the rollout server is stopped: POST /start first")
         if not self.pool.backends:
             raise ServiceError(503, "no LLM server: POST /add_llm_server {\"address\": \"http://host:port\"} first")
+        self._cancelled.discard(job_id)
         task = asyncio.ensure_future(self._run(job_id, fp, req))
         self._inflight[job_id] = (fp, task)
-        task.add_done_callback(lambda t: (self._inflight.pop(job_id, None), t.cancelled() or t.exception()))
+        task.add_done_callback(lambda t: self._done(job_id, t))
         return await asyncio.shield(task)  # a dropped connection must not cancel the job: a retry joins it
+
+    def _done(self, job_id: str, task: asyncio.Future) -> None:
+        if self._inflight.get(job_id, (None, None))[1] is task:
+            del self._inflight[job_id]
+            self._cancelled.discard(job_id)
+        if not task.cancelled():
+            task.exception()  # retrieved: a refused request's error is the caller's, not an unhandled one
 
     @staticmethod
     def _same(job_id: str, fp: str, other: str) -> None:
@@ -159,6 +174,8 @@ class RolloutService:
 
     def _on_finish(self, job: Job, result: dict[str, Any]) -> None:
         job.body = encode_result(result)
+        if result.get("finish_reason") == "cancelled":  # never replayed: a retry with this id runs a new job
+            return
         self.cache.put(job.id, job.fingerprint, job.body)
 
     async def _resolve(self, instance: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
@@ -172,7 +189,8 @@ class RolloutService:
             try:
                 spec = hub.specs.get(env_id) or await self._loaded(lambda: hub.get(env_id))
             except (KeyError, PluginError) as e:
-                raise ServiceError(404, str(e.args[0]) if isinstance(e, KeyError) else str(e)) from None
+                # 400 as ProRL's server answers an unknown data_source (an unknown task id stays 404: ProRL has none)
+                raise ServiceError(400, str(e.args[0]) if isinstance(e, KeyError) else str(e)) from None
             self._specs[env_id] = spec
         task = inline_task(instance)
         if task is None:
@@ -212,13 +230,16 @@ class RolloutService:
     def cancel(self, job_id: str) -> dict[str, Any]:
         """Cancel a job in flight; its waiting request(s) get a ``cancelled`` trajectory."""
         if self.pipeline.cancel(job_id):
+            self._cancelled.add(job_id)
             return {"status": f"cancelled job {job_id}", "job_id": job_id, "cancelled": True}
         if job_id in self.pipeline.jobs or self.cache.get(job_id) is not None:
             return {"status": f"job {job_id} already finished", "job_id": job_id, "cancelled": False}
         if job_id in self._inflight:  # still being admitted (loading its env or task): cancelled once queued
             self._cancel_pending.add(job_id)
+            self._cancelled.add(job_id)
             return {"status": f"cancel requested for job {job_id}", "job_id": job_id, "cancelled": True}
-        raise ServiceError(404, f"no job {job_id!r} in flight or recently finished")
+        # 200 as ProRL's server: a DAPO client cancels whatever it stopped waiting for, finished or never admitted
+        return {"status": f"no job {job_id} in flight or recently finished", "job_id": job_id, "cancelled": False}
 
     # ---- backends -----------------------------------------------------------------------------------------------
     def add_backend(self, backend: Any, api: str = "completions") -> tuple[str, bool]:

@@ -119,7 +119,7 @@ async def test_refused_requests_raise_at_once(serve):
     async with RolloutClient(srv.url) as c:
         with pytest.raises(RolloutClientError) as e:
             await c.process({"env_id": "no-such-env", "task_id": "x"})
-        assert e.value.status == 404 and "no-such-env" in str(e.value)
+        assert e.value.status == 400 and "no-such-env" in str(e.value)
         traj = await c.process(COUNTDOWN)  # a Trajectory, with ProRL's extras in details
         assert traj.passed and traj.details["critical_error"] is None and "run_time" in traj.details["timing"]
 
