@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, TypedDict
@@ -307,12 +308,37 @@ class ToolEnv(TextEnv):
     """A ``SandboxSpec``: when set, every ``reset`` starts a fresh sandbox (``self.sandbox``) and ``close`` stops it."""
     sandbox_factory: Callable[[Any], Any] | None = None
     """``spec -> Sandbox``; default ``envhub.sandbox.start``. The rollout service passes its prewarmed pool here."""
+    lazy_sandbox = False
+    """Start the episode's sandbox on the first use of ``self.sandbox`` (a tool call, or ``start`` writing files)
+    instead of at ``reset``: an episode that never touches it costs no sandbox. For envs whose tools are optional
+    (a math env with a python tool). Then a sandbox start, and its failure, happen in RUN rather than INIT."""
 
     def __init__(self, tasks: Any = None, max_turns: int = 16, render_mode: str | None = None):
         super().__init__(tasks=tasks, max_turns=max_turns, render_mode=render_mode)
         self._tools: dict[str, Tool] = {t.spec.name: t for t in self.make_tools()}
         self.tools = [t.spec for t in self._tools.values()]
-        self.sandbox: Any = None
+        self._sandbox: Any = None
+        self._pending_spec: Any = None  # lazy_sandbox: the spec to start on first use
+        self._sandbox_lock = threading.Lock()  # parallel tool calls must not start two
+
+    @property
+    def sandbox(self) -> Any:
+        """This episode's sandbox (``None`` without a ``sandbox_spec``). With :attr:`lazy_sandbox`, started here."""
+        if self._sandbox is None and self._pending_spec is not None:
+            with self._sandbox_lock:
+                if self._sandbox is None and self._pending_spec is not None:
+                    self._sandbox = self._start_sandbox(self._pending_spec)
+                    self._pending_spec = None
+        return self._sandbox
+
+    @sandbox.setter
+    def sandbox(self, value: Any) -> None:
+        self._sandbox, self._pending_spec = value, None
+
+    @property
+    def sandbox_started(self) -> bool:
+        """Whether this episode has a running sandbox (never starts one)."""
+        return self._sandbox is not None
 
     def sandbox_spec_for(self, task: Task) -> Any:
         """The sandbox this task runs in (``None``: no sandbox). Default: the class's ``sandbox_spec``."""
@@ -322,16 +348,23 @@ class ToolEnv(TextEnv):
         self.release_sandbox()
         spec = self.sandbox_spec_for(task)
         if spec is not None:
-            factory = self.sandbox_factory
-            if factory is None:
-                from envhub.sandbox import start  # lazy: plain text envs never load the sandbox layer
+            if self.lazy_sandbox:
+                self._pending_spec = spec
+            else:
+                self._sandbox = self._start_sandbox(spec)
 
-                factory = start
-            self.sandbox = factory(spec)
+    def _start_sandbox(self, spec: Any) -> Any:
+        factory = self.sandbox_factory
+        if factory is None:
+            from envhub.sandbox import start  # lazy: plain text envs never load the sandbox layer
+
+            factory = start
+        return factory(spec)
 
     def release_sandbox(self) -> None:
-        """Stop this episode's sandbox now (the RUN stage frees it before EVAL)."""
-        sandbox, self.sandbox = self.sandbox, None
+        """Stop this episode's sandbox now (the RUN stage frees it before EVAL); a lazy one never started stays so."""
+        with self._sandbox_lock:
+            sandbox, self._sandbox, self._pending_spec = self._sandbox, None, None
         if sandbox is not None:
             sandbox.stop()
 

@@ -14,19 +14,35 @@ import errno
 import resource
 
 
-def raise_nofile_limit() -> tuple[int, int]:
-    """Raise the soft ``RLIMIT_NOFILE`` to the hard limit (no privilege needed). Returns ``(soft, hard)`` after."""
+def raise_nofile_limit(want: int = 1 << 20) -> tuple[int, int]:
+    """Raise the soft ``RLIMIT_NOFILE`` to the hard limit (no privilege needed), and where this process may (root,
+    ``CAP_SYS_RESOURCE``) the hard limit too, up to ``want`` and the kernel's ``fs.nr_open``. Returns ``(soft,
+    hard)`` after. Never lowers anything."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard == resource.RLIM_INFINITY:  # some kernels refuse an infinite soft limit: take a large finite one
-        target = max(soft, 1 << 20)
-    else:
-        target = hard
+    if hard != resource.RLIM_INFINITY and hard < want:
+        ceiling = min(want, _nr_open())
+        if ceiling > hard:
+            try:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (ceiling, ceiling))  # fails without the privilege
+            except (ValueError, OSError):
+                pass
+            soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = max(soft, 1 << 20) if hard == resource.RLIM_INFINITY else hard  # an infinite soft limit may be refused
     if soft != resource.RLIM_INFINITY and soft < target:
         try:
             resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-        except (ValueError, OSError):  # e.g. above fs.nr_open: keep what we have, the error path names it
+        except (ValueError, OSError):  # keep what we have; the error path names it
             pass
     return resource.getrlimit(resource.RLIMIT_NOFILE)
+
+
+def _nr_open() -> int:
+    """The kernel's ceiling for any process's open-file limit (``/proc/sys/fs/nr_open``)."""
+    try:
+        with open("/proc/sys/fs/nr_open") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return 1 << 20
 
 
 def is_out_of_descriptors(e: BaseException) -> bool:

@@ -46,13 +46,16 @@ def _load_plugins(plugins: tuple[str, ...]) -> list[str]:
               help="Default per-job timeout in seconds, counting only time inside stages.")
 @click.option("--sandbox-pool", type=int, default=2, show_default=True,
               help="Prewarmed sandboxes kept per repeating sandbox spec.")
+@click.option("--max-sandboxes", type=int, default=None,
+              help="Live sandboxes at most; at the limit jobs wait in INIT (see /status) instead of failing. "
+                   "Default: what this node's open-files limit and memory allow.")
 @click.option("--plugin", "plugins", multiple=True, help="Also serve the envs of a plugin directory or module.")
 @click.option("--token", default=None, envvar="ENVHUB_SERVICE_TOKEN",
               help="Bearer token required on every endpoint (generated when binding beyond loopback without one).")
 @click.option("--no-autostart", is_flag=True, help="Wait for POST /start before accepting jobs.")
 @click.option("--log-level", default="warning", show_default=True)
 def serve_cmd(host, port, init_workers, run_workers, eval_workers, backends, tokenizer, timeout, sandbox_pool,
-              plugins, token, no_autostart, log_level):
+              max_sandboxes, plugins, token, no_autostart, log_level):
     """Serve rollouts over HTTP (the ProRL Agent API): POST /process, /cancel, /add_llm_server, /status..."""
     import secrets
 
@@ -65,6 +68,8 @@ def serve_cmd(host, port, init_workers, run_workers, eval_workers, backends, tok
                     ("--eval-workers", eval_workers)):
         if n < 1:
             raise click.BadParameter(f"must be >= 1, got {n}", param_hint=name)
+    if max_sandboxes is not None and max_sandboxes < 1:
+        raise click.BadParameter(f"must be >= 1, got {max_sandboxes}", param_hint="--max-sandboxes")
     extra = _load_plugins(plugins)
     generated = False
     if not is_loopback(host) and not token:
@@ -73,7 +78,8 @@ def serve_cmd(host, port, init_workers, run_workers, eval_workers, backends, tok
     tok = load_tokenizer(resolve_model(tok_name))
     try:
         service = RolloutService(tok, backends=list(backends), init_workers=init_workers, run_workers=run_workers,
-                                 eval_workers=eval_workers, timeout_s=timeout or None, sandbox_pool=sandbox_pool)
+                                 eval_workers=eval_workers, timeout_s=timeout or None, sandbox_pool=sandbox_pool,
+                                 max_sandboxes=max_sandboxes)
     except Exception as e:
         raise click.ClickException(str(e)) from None
 

@@ -24,6 +24,8 @@ from typing import Any, Callable
 log = logging.getLogger(__name__)
 _live: dict[str, Any] = {}
 _live_lock = threading.Lock()
+_changed = threading.Condition(_live_lock)  # notified when a sandbox stops or a start slot is given back
+_reserved = 0  # start slots handed out by reserve() and not yet given back
 _hooks_installed = False
 
 
@@ -34,8 +36,37 @@ def register(sandbox: Any) -> None:
 
 
 def unregister(sandbox: Any) -> None:
-    with _live_lock:
+    with _changed:
         _live.pop(sandbox.id, None)
+        _changed.notify_all()
+
+
+def reserve(limit: int, cancelled: Callable[[], bool], timeout: float | None = None) -> bool:
+    """Block until fewer than ``limit`` sandboxes are live or starting in this process, then take a start slot
+    (give it back with :func:`release` once the sandbox is registered, or its start failed). False if
+    ``cancelled()`` became true or ``timeout`` passed first. This is how a service queues sandbox starts at a node's
+    limit instead of failing them."""
+    global _reserved
+    with _changed:
+        ok = _changed.wait_for(lambda: cancelled() or len(_live) + _reserved < limit, timeout)
+        if not ok or cancelled():
+            return False
+        _reserved += 1
+        return True
+
+
+def release() -> None:
+    """Give back a slot taken by :func:`reserve`."""
+    global _reserved
+    with _changed:
+        _reserved -= 1
+        _changed.notify_all()
+
+
+def wake() -> None:
+    """Wake every :func:`reserve` waiter so it re-checks ``cancelled()`` (a provider closing)."""
+    with _changed:
+        _changed.notify_all()
 
 
 def live() -> list[Any]:

@@ -165,6 +165,19 @@ class GuardedH11Protocol(H11Protocol):
         self._head_timer = self.loop.call_later(self.header_timeout_s, expire)
 
 
+def default_max_connections() -> int:
+    """The connection cap when none is given: what the open-files limit allows, less a reserve for sandboxes (each
+    holds a few descriptors), and never below :data:`DEFAULT_MAX_CONNECTIONS`. Every in-flight ``/process`` holds
+    one connection (ProRL's API answers when the rollout is done), so a trainer with 65,000 jobs in flight needs
+    65,000: the cap is there to keep a flood from exhausting descriptors, not to ration real clients."""
+    import resource
+
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft == resource.RLIM_INFINITY:
+        soft = 1 << 20
+    return max(DEFAULT_MAX_CONNECTIONS, soft - max(4096, soft // 8))
+
+
 def protocol_class(max_connections: int, header_timeout_s: float) -> type:
     """A :class:`GuardedH11Protocol` subclass with these settings (uvicorn takes a class, not an instance)."""
     return type("ConfiguredGuardedH11Protocol", (GuardedH11Protocol,),

@@ -86,7 +86,7 @@ class Pipeline:
             loop.set_default_executor(self._executor)
         if self.sandboxes.closed:
             old = self.sandboxes
-            self.sandboxes = SandboxProvider(old.pool_size, old.max_pools, old.idle_s, old._starter)
+            self.sandboxes = SandboxProvider(old.pool_size, old.max_pools, old.idle_s, old._starter, old.max_live)
         self._queues = {s: asyncio.Queue() for s in STAGES}
         self._workers = [asyncio.create_task(self._worker(stage), name=f"envhub-{stage}-worker-{i}")
                          for stage in STAGES for i in range(self.sizes[stage])]

@@ -16,6 +16,7 @@ The sandbox layer (``envhub.sandbox``) is imported only when an env actually ask
 from __future__ import annotations
 
 import logging
+import os
 
 import sys
 import threading
@@ -34,11 +35,15 @@ class SandboxProvider:
         max_pools: at most this many specs keep a pool.
         idle_s: a pool unused this long is closed (its waiting sandboxes stopped).
         starter: ``spec -> Sandbox``; default ``envhub.sandbox.start``.
+        max_live: at most this many sandboxes live in this process (default :func:`default_max_sandboxes`). At the
+            limit a job's INIT waits for a sandbox to stop instead of failing; ``/status`` shows the waiters.
     """
 
     def __init__(self, pool_size: int = 2, max_pools: int = 8, idle_s: float = 120.0,
-                 starter: Callable[[Any], Any] | None = None):
+                 starter: Callable[[Any], Any] | None = None, max_live: int | None = None):
         self.pool_size, self.max_pools, self.idle_s = pool_size, max_pools, idle_s
+        self.max_live = max_live or default_max_sandboxes()
+        self.waiting = 0  # INIT threads waiting for a slot under max_live
         self._starter = starter
         self._lock = threading.Lock()
         self._pools: OrderedDict[str, tuple[Any, float]] = OrderedDict()  # spec key -> (SandboxPool, last use)
@@ -47,11 +52,26 @@ class SandboxProvider:
         self.closed = False
 
     def _start(self, spec: Any) -> Any:
+        """Start a sandbox, first waiting for a slot under ``max_live`` (queued, not failed, at the node's limit)."""
+        from envhub.sandbox import SandboxError, lifecycle
+
         if self._starter is None:
             from envhub.sandbox import start
 
             self._starter = start
-        return self._starter(spec)
+        with self._lock:
+            self.waiting += 1
+        try:
+            slot = lifecycle.reserve(self.max_live, lambda: self.closed)
+        finally:
+            with self._lock:
+                self.waiting -= 1
+        if not slot:
+            raise SandboxError("the service is stopping: no new sandboxes")
+        try:
+            return self._starter(spec)
+        finally:
+            lifecycle.release()
 
     def prewarm(self, spec: Any) -> None:
         """Keep ``pool_size`` sandboxes of ``spec`` ready from now on (``envhub serve --prewarm ENV``)."""
@@ -112,7 +132,7 @@ class SandboxProvider:
         with self._lock:
             pools = [p for p, _ in self._pools.values()]
         return {"pools": len(pools), "ready": sum(p.ready() for p in pools), "acquired": self.acquired,
-                "live": live_count()}
+                "live": live_count(), "limit": self.max_live, "waiting": self.waiting}
 
     def close(self) -> None:
         """Close every pool (stops the sandboxes waiting in them). Sandboxes handed out are their jobs' to stop."""
@@ -120,6 +140,8 @@ class SandboxProvider:
             self.closed = True
             pools = [p for p, _ in self._pools.values()]
             self._pools.clear()
+        if "envhub.sandbox.lifecycle" in sys.modules:  # threads waiting for a slot see `closed` and give up
+            sys.modules["envhub.sandbox.lifecycle"].wake()
         for p in pools:
             p.close()
 
@@ -177,6 +199,21 @@ class JobSandboxes:
             except Exception:  # one bad stop must not keep the others alive; a possible leak is logged
                 log.warning("sandbox %s: stop() raised", getattr(sb, "id", "?"), exc_info=True)
         return running
+
+
+def default_max_sandboxes() -> int:
+    """Live sandboxes one process holds at most, when not told: what its open-files limit allows at ~8 descriptors
+    each, and its memory at ~8 MB each (measured: ~3.3 MB PSS for a sandbox with a shell; the margin is for the
+    agent's own processes). ``envhub serve --max-sandboxes`` overrides it."""
+    import resource
+
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    fds = (1 << 20) if soft == resource.RLIM_INFINITY else soft
+    try:
+        mem_mb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (1 << 20)
+    except (ValueError, OSError):
+        mem_mb = 8192
+    return max(16, min(fds // 8, mem_mb // 8))
 
 
 def live_count() -> int:

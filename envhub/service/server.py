@@ -38,19 +38,10 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 def raise_fd_limit() -> int:
-    """Raise the open-files soft limit to the hard limit (every in-flight ``/process`` holds a connection)."""
-    import resource
+    """Raise the open-files limit (every in-flight ``/process`` holds a connection); returns the soft limit."""
+    from envhub.fdlimit import raise_nofile_limit
 
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard == resource.RLIM_INFINITY:
-        hard = 1 << 20
-    if soft < hard:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-            soft = hard
-        except (ValueError, OSError):
-            pass
-    return soft
+    return raise_nofile_limit()[0]
 
 
 def make_server(service: Any, *, host: str = "127.0.0.1", port: int = 8006, token: str | None = None,
@@ -78,7 +69,7 @@ def make_server(service: Any, *, host: str = "127.0.0.1", port: int = 8006, toke
     app = create_app(service, token=token, autostart=autostart,
                      max_body_bytes=max_body_bytes or limits.DEFAULT_MAX_BODY_BYTES,
                      body_timeout_s=body_timeout_s or limits.DEFAULT_BODY_TIMEOUT_S)
-    http = limits.protocol_class(max_connections or limits.DEFAULT_MAX_CONNECTIONS,
+    http = limits.protocol_class(max_connections or limits.default_max_connections(),
                                  header_timeout_s or limits.DEFAULT_HEADER_TIMEOUT_S)
     # h11 keeps-alive connections a trainer reuses across calls; a long timeout avoids reconnect storms
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, backlog=backlog, http=http,

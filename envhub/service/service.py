@@ -36,6 +36,8 @@ class RolloutService:
         init_workers, run_workers, eval_workers: pool sizes of the three stages.
         timeout_s: default per-job timeout, in seconds inside stages (ProRL's default is 300).
         sandbox_pool: prewarmed sandboxes kept per repeating sandbox spec.
+        max_sandboxes: live sandboxes at most (default: what the node's descriptors and memory allow); at the limit
+            jobs wait in INIT for a sandbox to stop (``/status``: ``sandboxes.waiting``) instead of failing.
         backend_wait_s: how long a rollout waits for a backend when the pool is empty (checkpoint swap).
         result_cache: finished results kept for retried job ids.
         hub: where env ids are resolved (default: the process-wide plugin hub).
@@ -44,7 +46,7 @@ class RolloutService:
     def __init__(self, tokenizer: Any, *, backends: list[Any] | None = None, init_workers: int = 8,
                  run_workers: int = 16, eval_workers: int = 4, timeout_s: float | None = 300.0,
                  sandbox_pool: int = 2, backend_wait_s: float = 120.0, result_cache: int = 10_000,
-                 hub: Any = None):
+                 hub: Any = None, max_sandboxes: int | None = None):
         from envhub.backends.pool import BackendPool
 
         self.tokenizer = tokenizer
@@ -53,7 +55,7 @@ class RolloutService:
         for b in backends or []:
             self.add_backend(b)
         self.pipeline = Pipeline(tokenizer, init_workers=init_workers, run_workers=run_workers,
-                                 eval_workers=eval_workers, sandboxes=SandboxProvider(pool_size=sandbox_pool),
+                                 eval_workers=eval_workers, sandboxes=SandboxProvider(pool_size=sandbox_pool, max_live=max_sandboxes),
                                  on_finish=self._on_finish)
         self.cache = ResultCache(result_cache)
         self.hub = hub

@@ -127,6 +127,12 @@ class SandboxEnv(ToolEnv):
         return f"Run `sleep {task['sleep']}` then finish with {task['n']}."
 
 
+class LazySandboxEnv(SandboxEnv):
+    """Starts its sandbox only when a tool first needs it."""
+
+    lazy_sandbox = True
+
+
 def _sandbox_golden(task, messages):
     turns = sum(1 for m in messages if m.get("role") == "assistant")
     if turns == 0:
@@ -149,6 +155,10 @@ def specs() -> list[EnvSpec]:
         EnvSpec(id="svc-raise-run", env=RaiseRun, tasks=_rows("rr"), verifier=_ok, golden=_say, max_turns=1),
         EnvSpec(id="svc-raise-eval", env=Plain, tasks=_rows("re"), verifier=_raise_verify, golden=_say, max_turns=1),
         EnvSpec(id="svc-sandbox", env=SandboxEnv, tasks=_rows("sb", sleep=30), verifier=SlowVerifier(),
+                golden=_sandbox_golden, max_turns=4),
+        EnvSpec(id="svc-hold", env=SandboxEnv, tasks=_rows("hold", sleep=0.5), verifier=SlowVerifier(),
+                golden=_sandbox_golden, max_turns=4),
+        EnvSpec(id="svc-lazy", env=LazySandboxEnv, tasks=_rows("lazy", sleep=0), verifier=SlowVerifier(),
                 golden=_sandbox_golden, max_turns=4),
         EnvSpec(id="svc-coin", env=Slow, tasks=_rows("coin", p=0.5), verifier=SlowVerifier(), golden=_coin,
                 max_turns=1),
