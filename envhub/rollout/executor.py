@@ -141,7 +141,7 @@ class Episode:
         while True:
             budget = max_length - len(context)
             if budget <= 0:
-                return self._cut("length")
+                return self._cut("length", model_cut=t.num_turns == 0)  # only a prompt filling the budget cuts the model
             params = sampling if sampling.max_tokens <= budget else replace(sampling, max_tokens=budget)
             t0 = clock()
             gen = await backend.generate(context, params, session_id=session_id)
@@ -159,7 +159,7 @@ class Episode:
             self.turns.append((len(self.messages), len(response_ids) - len(ids), len(response_ids)))
             self.messages.append(message)
             if gen.finish_reason == "length":
-                return self._cut("length")
+                return self._cut("length", model_cut=True)
 
             t0 = clock()
             obs, reward, terminated, truncated, info = await env.astep(action)
@@ -168,7 +168,7 @@ class Episode:
             if terminated or truncated:
                 self.artifacts = info.get("artifacts") or {}
                 t.finish_reason = "done" if terminated else "max_turns"
-                t.truncated = bool(truncated)
+                t.truncated = False  # the model's last turn ended on its own (see _cut)
                 self.messages.extend(obs)
                 return None
             delta = codec.delta_ids(self.messages, obs, sampled_eos=self._sampled_eos)
@@ -182,9 +182,14 @@ class Episode:
             if t.num_turns >= max_turns:
                 return self._cut("max_turns")
 
-    def _cut(self, reason: str) -> None:
+    def _cut(self, reason: str, model_cut: bool = False) -> None:
+        """End the episode at a budget. ``truncated`` has OpenRLHF's meaning (``openrlhf/utils/agent.py``:
+        ``is_truncated = ...finish_reason == "length"`` of the *last generation*): true only when the model's own last
+        turn was cut by the token budget, not when the budget ran out at an env reply or at the turn limit after the
+        model ended its turn, which OpenRLHF's stop-properly penalty must not punish. ``finish_reason`` says which
+        budget ran out either way."""
         self.traj.finish_reason = reason
-        self.traj.truncated = True
+        self.traj.truncated = model_cut
         self.artifacts = self.env.timeout_artifacts() if self.env is not None else {}
 
     # ---- bookkeeping ---------------------------------------------------------------------------------------------

@@ -70,6 +70,20 @@ class Trajectory:
     def ok(self) -> bool:
         return self.finish_reason not in ("error", "cancelled", "timeout")
 
+    @property
+    def loss_mask(self) -> list[int]:
+        """What a trainer may learn from: ``response_mask`` for a rollout that ended on its own, all zeros for a
+        failed one (``error``, ``timeout``, ``cancelled``). A failed rollout keeps its exact token record (for
+        inspection and the fidelity check) but carries no trainable token: its earlier turns were sampled in an
+        episode whose outcome is unknown, and reward 0 on them would teach the policy that the env's crash was its
+        fault. ``envhub.training.to_tensors`` and both trainer adapters train on this, never on ``response_mask``."""
+        return list(self.response_mask) if self.ok else [0] * len(self.response_mask)
+
+    @property
+    def trainable_ranges(self) -> list[tuple[int, int]]:
+        """:attr:`action_ranges` of a rollout that ended on its own; ``[]`` for a failed one (see :attr:`loss_mask`)."""
+        return self.action_ranges if self.ok else []
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 

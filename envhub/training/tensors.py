@@ -90,7 +90,7 @@ def to_tensors(
     rows = []
     for t in trajs:
         ids = list(t.prompt_ids) + list(t.response_ids)
-        act = [0] * len(t.prompt_ids) + list(t.response_mask)
+        act = [0] * len(t.prompt_ids) + t.loss_mask  # a failed rollout trains on nothing (Trajectory.loss_mask)
         lps = [0.0] * len(t.prompt_ids) + (list(t.response_logprobs) or [0.0] * len(t.response_ids))
         cut = False
         if max_length is not None and len(ids) > max_length:

@@ -257,3 +257,24 @@ def test_service_mode_takes_rollouts_from_the_rollout_service(tmp_path, tiny_tok
         assert resp["reward"] == ref.reward == 1.0
         assert build_experience(resp).action_mask[0].tolist() == ([0] * p + ref.response_mask)[1:]
     assert engine.replay.calls == []
+
+
+def failed_and_ok_trajectories():
+    from dataclasses import replace
+
+    from envhub.rollout.trajectory import Trajectory
+
+    failed = Trajectory(env_id="x", task_id="y", prompt_ids=[1, 2], response_ids=[3, 4, 5, 6],
+                        response_mask=[1, 1, 0, 1], response_logprobs=[-0.1, -0.2, 0.0, -0.3],
+                        finish_reason="error", error="RUN: RuntimeError: env crashed mid-episode", num_turns=2)
+    return failed, replace(failed, finish_reason="done", error=None)
+
+
+def test_a_rollout_that_crashed_mid_episode_trains_nothing_through_openrlhf():
+    from envhub_openrlhf.executor import to_openrlhf_output
+
+    failed, ok = failed_and_ok_trajectories()
+    out = to_openrlhf_output(failed, prompt="p", label="l")
+    assert out["action_ranges"] == [] and out["reward"] == 0.0 and out["extra_logs"]["envhub_error"] == 1.0
+    assert build_experience(out).action_mask.sum() == 0  # OpenRLHF's own experience: no trained position
+    assert to_openrlhf_output(ok, prompt="p", label="l")["action_ranges"] == [(2, 4), (5, 6)]

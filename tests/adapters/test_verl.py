@@ -253,3 +253,18 @@ def test_envhub_advantages_equal_verls_estimators(name, norm):
     for i, t in enumerate(trajs):
         n = len(t.response_ids)
         assert torch.allclose(verl_adv[i, :n], torch.full((n,), ours[i]), atol=1e-5), (name, norm, i)
+
+
+def test_a_rollout_that_crashed_mid_episode_trains_nothing_through_verl():
+    from dataclasses import replace
+
+    from envhub.rollout.trajectory import Trajectory
+    from envhub_verl.agent_loop import to_agent_loop_output
+
+    failed = Trajectory(env_id="x", task_id="y", prompt_ids=[1, 2], response_ids=[3, 4, 5, 6],
+                        response_mask=[1, 1, 0, 1], response_logprobs=[-0.1, -0.2, 0.0, -0.3],
+                        finish_reason="error", error="RUN: RuntimeError: env crashed mid-episode", num_turns=2)
+    out = to_agent_loop_output(failed, failed.prompt_ids, with_logprobs=True)
+    assert out.response_mask == [0, 0, 0, 0] and out.reward_score == 0.0
+    ok = to_agent_loop_output(replace(failed, finish_reason="done", error=None), [1, 2], with_logprobs=True)
+    assert ok.response_mask == [1, 1, 0, 1]

@@ -81,7 +81,7 @@ def test_max_turns_cuts_a_multi_turn_episode(tiny_tokenizer):
     wrong = tiny_tokenizer.encode(str(task["high"] + 1), add_special_tokens=False)
     eos = tiny_tokenizer.convert_tokens_to_ids("<|im_end|>")
     t = run(rollout(spec, task, Scripted(wrong + [eos]), tiny_tokenizer, RolloutConfig(max_turns=3)))
-    assert t.finish_reason == "max_turns" and t.truncated and t.num_turns == 3 and not t.passed
+    assert t.finish_reason == "max_turns" and not t.truncated and t.num_turns == 3 and not t.passed  # ended on EOS
     assert len(t.action_ranges) == 3 and check_trajectory(t, tiny_tokenizer) == []
 
 
@@ -261,4 +261,47 @@ def test_prompt_and_response_caps(tiny_tokenizer):
     assert long.finish_reason == "error" and "exceeds the prompt length 5" in long.error and not long.response_ids
     capped = run(rollout(spec, task, ScriptedBackend(spec.hack_probes["claim-victory"]), tiny_tokenizer,
                          RolloutConfig(max_response_length=30)))
-    assert capped.finish_reason == "length" and capped.truncated and len(capped.response_ids) <= 30
+    assert capped.finish_reason == "length" and len(capped.response_ids) <= 30  # `truncated`: see the OpenRLHF test
+
+
+class CrashesOnSecondStep(TextEnv):
+    """Plays one turn normally, then its step raises: a crash mid-episode, after the model sampled tokens."""
+
+    def start(self, task):
+        return "guess"
+
+    def respond(self, action):
+        if self.turn >= 2:
+            raise RuntimeError("env crashed mid-episode")
+        return Response("again", done=False)
+
+
+def test_a_failed_episode_keeps_its_record_but_carries_no_trainable_token(tiny_tokenizer):
+    from envhub.training import to_tensors
+
+    spec = EnvSpec(id="crash-mid", env=CrashesOnSecondStep, tasks=lambda s: [], verifier=lambda t, a: True,
+                   golden=lambda t, m: "x")
+    eos = tiny_tokenizer.convert_tokens_to_ids("<|im_end|>")
+    t = run(rollout(spec, {"task_id": "c"}, Scripted([5, 6, eos]), tiny_tokenizer))
+    assert t.finish_reason == "error" and "env crashed mid-episode" in t.error and t.reward == 0.0
+    assert sum(t.response_mask) == 6 and len(t.action_ranges) == 2  # the exact record is kept for inspection
+    assert t.loss_mask == [0] * len(t.response_mask) and t.trainable_ranges == []
+    batch = to_tensors([t])
+    assert int(batch["action_mask"].sum()) == 0  # a trainer learns nothing from it
+
+
+def test_truncated_means_the_models_last_turn_was_cut_as_in_openrlhf(tiny_tokenizer):
+    """OpenRLHF (utils/agent.py) sets ``truncated`` from the last generation's ``finish_reason == "length"``: a
+    budget that runs out at the env's reply, after the model ended its turn, is not a truncation."""
+    spec = envhub.get_spec("guess-number")
+    task = dict(spec.load_tasks()[2])
+    wrong = tiny_tokenizer.encode(str(task["high"] + 1), add_special_tokens=False)
+    eos = tiny_tokenizer.convert_tokens_to_ids("<|im_end|>")
+    probe = run(rollout(spec, task, Scripted(wrong + [eos]), tiny_tokenizer, RolloutConfig(max_turns=2)))
+    first_turn_end = len(probe.prompt_ids) + probe.action_ranges[0][1]
+    # the env's first reply does not fit: cut at the env reply, the model's turn had ended on its EOS
+    t = run(rollout(spec, task, Scripted(wrong + [eos]), tiny_tokenizer, RolloutConfig(max_length=first_turn_end + 2)))
+    assert t.finish_reason == "length" and t.truncated is False and t.response_mask[-1] == 1
+    # the model's own turn cut by the budget: truncated
+    t = run(rollout(spec, task, Scripted(wrong + [eos]), tiny_tokenizer, RolloutConfig(max_length=first_turn_end - 1)))
+    assert t.finish_reason == "length" and t.truncated is True

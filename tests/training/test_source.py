@@ -103,7 +103,10 @@ def test_runner_caps_and_failures_are_marked(tiny_tokenizer, gn_task):
     capped = run(runner, label, spec.hack_probes["claim-victory"], max_response_length=40)
     assert len(full.response_ids) > 40 and len(capped.response_ids) <= 40
     assert capped.response_ids == full.response_ids[: len(capped.response_ids)]
-    assert capped.finish_reason == "length" and capped.truncated
+    # `truncated` (OpenRLHF's meaning): whether the model's last turn itself was cut, not the env reply after it
+    last = len(capped.action_ranges) - 1
+    assert capped.finish_reason == "length"
+    assert capped.truncated == (capped.action_ranges[last] != full.action_ranges[last])
 
     too_long = run(runner, label, spec.golden, max_prompt_length=5)
     assert too_long.finish_reason == "error" and "prompt length 5" in too_long.error and too_long.response_ids == []

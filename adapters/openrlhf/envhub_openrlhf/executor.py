@@ -129,8 +129,8 @@ def to_openrlhf_output(traj: Trajectory, *, prompt: Any, label: Any, images: Any
         "reward": reward,
         "scores": reward,
         "observation_tokens": prompt_ids + list(traj.response_ids),
-        "action_ranges": [(p + s, p + e) for s, e in traj.action_ranges],
+        "action_ranges": [(p + s, p + e) for s, e in traj.trainable_ranges],  # none for a failed rollout
         "rollout_log_probs": logprobs,
-        "truncated": traj.finish_reason == "length",
+        "truncated": bool(traj.truncated),  # OpenRLHF's meaning: the model's last turn was cut by the budget
         "extra_logs": extra_logs,
     }

@@ -114,7 +114,7 @@ def to_agent_loop_output(traj: Trajectory, prompt_ids: list[int], *, with_logpro
     return AgentLoopOutput(
         prompt_ids=list(prompt_ids),
         response_ids=list(traj.response_ids),
-        response_mask=list(traj.response_mask),
+        response_mask=traj.loss_mask,  # all zeros for a failed rollout: nothing of it is trained
         response_logprobs=logprobs,
         reward_score=float(traj.reward),
         num_turns=len(traj.messages) or 2 * traj.num_turns,
