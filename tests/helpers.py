@@ -1,7 +1,8 @@
-"""Test helpers: real distributions on disk (dist-info + module), run in subprocesses."""
+"""Test helpers: real distributions on disk (dist-info + module), run in subprocesses; whether bwrap works here."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -32,3 +33,13 @@ def run_py(code: str, site: Path | None = None, timeout: int = 120) -> subproces
 def run_cli(*args: str, site: Path | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
     return run_py(f"import sys; sys.argv = ['envhub', *{list(args)!r}]; from envhub.cli import main; main()",
                   site=site, timeout=timeout)
+
+
+def bwrap_why_not() -> str | None:
+    """Why real bwrap sandboxes cannot run on this machine (``None``: they can)."""
+    if shutil.which("bwrap") is None:
+        return "bwrap is not installed (apt-get install bubblewrap)"
+    r = subprocess.run(["bwrap", "--unshare-all", "--unshare-user", "--ro-bind", "/usr", "/usr", "--symlink",
+                        "usr/bin", "/bin", "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64",
+                        "true"], capture_output=True, text=True)
+    return None if r.returncode == 0 else f"bwrap cannot create namespaces here: {r.stderr.strip()}"

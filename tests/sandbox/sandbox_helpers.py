@@ -7,19 +7,11 @@ import subprocess
 
 import pytest
 
+from helpers import bwrap_why_not
+
 from envhub.sandbox.common import sandbox_root
 
-
-def _bwrap_works() -> str | None:
-    if shutil.which("bwrap") is None:
-        return "bwrap is not installed (apt-get install bubblewrap)"
-    r = subprocess.run(["bwrap", "--unshare-all", "--unshare-user", "--ro-bind", "/usr", "/usr", "--symlink",
-                        "usr/bin", "/bin", "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64",
-                        "true"], capture_output=True, text=True)
-    return None if r.returncode == 0 else f"bwrap cannot create namespaces here: {r.stderr.strip()}"
-
-
-WHY_NOT = _bwrap_works()
+WHY_NOT = bwrap_why_not()
 needs_bwrap = pytest.mark.skipif(WHY_NOT is not None, reason=WHY_NOT or "")
 
 

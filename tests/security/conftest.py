@@ -2,25 +2,15 @@
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 
 import pytest
+
+from helpers import bwrap_why_not
 
 from envhub.sandbox import SandboxSpec, lifecycle, start
 from envhub.sandbox.common import sandbox_root
 
-
-def _why_not() -> str | None:
-    if shutil.which("bwrap") is None:
-        return "bwrap is not installed (apt-get install bubblewrap)"
-    r = subprocess.run(["bwrap", "--unshare-all", "--unshare-user", "--ro-bind", "/usr", "/usr", "--symlink",
-                        "usr/bin", "/bin", "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64",
-                        "true"], capture_output=True, text=True)
-    return None if r.returncode == 0 else f"bwrap cannot create namespaces here: {r.stderr.strip()}"
-
-
-WHY_NOT = _why_not()
+WHY_NOT = bwrap_why_not()
 _started: list[str] = []
 
 
