@@ -76,7 +76,7 @@ fi
 # The working tree, editable: the core with its test and service tools, then every adapter and environment package
 # present, in one pip call. No build isolation: setuptools is already in the venv, and an isolated build env per
 # package would be created (and setuptools fetched) again on every run.
-pip_ --no-build-isolation -e ".[dev,hf,serve]"
+pip_ --no-build-isolation -e ".[dev,hf,serve,tools]"  # tools: IPython for the python tool (math-python)
 pkgs=()
 for pkg in adapters/*/ environments/*/; do
   if [[ -f "$pkg/pyproject.toml" ]]; then pkgs+=(-e "$pkg"); fi
