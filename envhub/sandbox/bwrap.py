@@ -120,6 +120,19 @@ def _root_binds(image: str | None) -> list[str]:
     return args
 
 
+def third_party_dirs(prefixes: list[str]) -> list[str]:
+    """Every existing ``site-packages`` / ``dist-packages`` directory of these interpreter prefixes and the system
+    Python (what ``SandboxSpec.stdlib_only`` covers up)."""
+    import glob
+
+    found = []
+    for root in [*prefixes, "/usr", "/usr/local"]:
+        for pattern in ("lib/python3*/site-packages", "lib/python3*/dist-packages", "lib/python3/dist-packages",
+                        "lib64/python3*/site-packages"):
+            found += [os.path.realpath(d) for d in glob.glob(os.path.join(root, pattern)) if os.path.isdir(d)]
+    return sorted(set(found))
+
+
 def _python_binds(spec: SandboxSpec) -> tuple[str, list[str], list[str]]:
     """``(python, bind args, sys.path entries)`` for running the action server inside the sandbox."""
     binds: list[str] = ["--ro-bind", AGENT_DIR, f"{LIB_DIR}/envhub_agent"]
@@ -134,10 +147,13 @@ def _python_binds(spec: SandboxSpec) -> tuple[str, list[str], list[str]]:
                 if not p.startswith("/usr/")]
     for prefix in prefixes:
         binds += ["--ro-bind", prefix, prefix]
-    for hidden in plugin_package_dirs():  # an empty, read-only dir over every plugin's code and data
+    hide = list(plugin_package_dirs())  # an empty, read-only dir over every plugin's code and data
+    if spec.stdlib_only:
+        hide += third_party_dirs(prefixes)
+    for hidden in dict.fromkeys(hide):
         if any(hidden.startswith(p + os.sep) for p in prefixes + ["/usr"]):
             binds += ["--perms", "0555", "--size", "4096", "--tmpfs", hidden]
-    ipy_dir = package_dir("IPython")
+    ipy_dir = None if spec.stdlib_only else package_dir("IPython")
     if ipy_dir:
         path.append(ipy_dir)
     return spec.python or os.path.realpath(sys.executable), binds, path

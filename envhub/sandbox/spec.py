@@ -39,6 +39,10 @@ class SandboxSpec:
         env: extra environment variables for commands in the sandbox (on top of PATH, HOME=/tmp, LANG...).
         python_on_path: put the host interpreter's environment (``sys.prefix/bin``) first on ``PATH`` inside the
             sandbox (read-only), so ``python``/``pytest`` of this venv are available to commands.
+        stdlib_only: no third-party Python package is visible inside: every ``site-packages`` / ``dist-packages``
+            directory of the bound interpreters is covered by an empty read-only directory (a program that adds them
+            to ``sys.path`` still finds nothing). The action server keeps what it needs (bound separately); the
+            python tool (IPython) is then unavailable. For graders whose rule is "standard library only".
         runtime: ``"auto"`` (bwrap when installed), ``"bwrap"``, ``"singularity"`` or ``"apptainer"``, ``"local"``
             (no isolation: only when asked by name), or a runtime a plugin registered.
         python: the interpreter that runs the action server inside the sandbox (default: this host interpreter,
@@ -67,6 +71,7 @@ class SandboxSpec:
     output_limit: int = 65536
     env: dict = field(default_factory=dict)
     python_on_path: bool = True
+    stdlib_only: bool = False
     runtime: str = "auto"
     python: str | None = None
     hostname: str = "sandbox"

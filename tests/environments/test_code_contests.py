@@ -138,6 +138,18 @@ def test_solutions_run_with_the_standard_library_only(rows):
     assert g["results"][0]["verdict"] == "WA" and "'1'" in g["results"][0]["detail"]
 
 
+def test_a_solution_that_puts_site_packages_back_on_its_path_still_sees_no_third_party_package(rows):
+    """-I -S only keeps site-packages off sys.path; a submission can append them itself. The grading sandbox covers
+    every site-packages / dist-packages directory, so the import fails however the path is built."""
+    import site
+
+    task = rows["cc-sum-of-pairs"]
+    dirs = site.getsitepackages() + ["/usr/lib/python3/dist-packages"]
+    src = (f"import sys\nsys.path += {dirs!r}\nimport numpy\nprint('third-party', numpy.__version__)\n")
+    g = grade(task, src, stop_on_failure=True)
+    assert g["results"][0]["verdict"] == "RE" and "No module named 'numpy'" in g["results"][0]["detail"], g
+
+
 # ---- the env, the probes, admission-style episodes --------------------------------------------------------------
 def play(spec, task, policy, first=None):
     env = spec.make()

@@ -72,7 +72,7 @@ def eval_spec(memory_mb: int):
     from envhub_code_contests.isolation import hide_package
 
     return SandboxSpec(workspace_size_mb=32, tmp_size_mb=32, memory_mb=memory_mb + 512, max_procs=64,
-                       max_file_mb=16, timeout_s=60.0, python_on_path=False, network=False,
+                       max_file_mb=16, timeout_s=60.0, python_on_path=False, network=False, stdlib_only=True,
                        binds=hide_package(PACKAGE))
 
 
