@@ -46,21 +46,22 @@ def _console():
     return Console()
 
 
-def _installed() -> tuple[dict[str, Any], str | None]:
-    """Installed plugins by id (metadata only) and, if discovery itself failed (a collision), why."""
-    from envhub.plugins import PluginCollision, default_hub
+def _installed() -> tuple[dict[str, Any], dict[str, str]]:
+    """Installed plugins by id (metadata only) and the ids disabled by a collision, with why (only those ids)."""
+    from envhub.plugins import default_hub
 
-    try:
-        return default_hub().refs(), None
-    except PluginCollision as e:
-        return {}, str(e)
+    hub = default_hub()
+    refs = hub.refs()
+    return refs, {env_id: str(c) for env_id, c in hub.collisions.items()}
 
 
-def _rows(registry, ids: list[str], refs: dict[str, Any]) -> list[dict[str, Any]]:
+def _rows(registry, ids: list[str], refs: dict[str, Any], clashes: dict[str, str] | None = None) -> list[dict[str, Any]]:
     rows = []
     for env_id in ids:
         entry, ref = registry.entries.get(env_id), refs.get(env_id)
+        clash = (clashes or {}).get(env_id)
         rows.append({
+            "collision": clash,
             "id": env_id,
             "version": entry.version if entry else "",
             "installed": ref.version if ref else None,
@@ -80,6 +81,8 @@ def _table(rows: list[dict[str, Any]], title: str):
         table.add_column(col, overflow="fold")
     for r in rows:
         installed = f"[green]{r['installed']}[/]" if r["installed"] else "[dim]-[/]"
+        if r.get("collision"):
+            installed = "[red]COLLISION[/]"
         table.add_row(r["id"], r["version"] or "-", installed, r["admission"], ", ".join(r["tags"]), r["summary"])
     return table
 
@@ -93,15 +96,15 @@ def list_cmd(registry_path: str | None, as_json: bool) -> None:
     from envhub.registry import load_registry
 
     registry = load_registry(registry_path)
-    refs, problem = _installed()
-    rows = _rows(registry, sorted(set(registry.entries) | set(refs)), refs)
+    refs, clashes = _installed()
+    rows = _rows(registry, sorted(set(registry.entries) | set(refs) | set(clashes)), refs, clashes)
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
     console = _console()
     console.print(_table(rows, f"envhub environments ({registry.path})"))
-    if problem:
-        console.print(f"[red]plugin discovery failed:[/] {problem}")
+    for clash in clashes.values():
+        console.print(f"[red]disabled:[/] {clash}")
 
 
 @click.command("search")
@@ -143,9 +146,9 @@ def info_cmd(env_id: str, registry_path: str | None, as_json: bool) -> None:
     from envhub.registry import load_registry
 
     registry = load_registry(registry_path)
-    refs, problem = _installed()
+    refs, clashes = _installed()
     entry, ref = registry.entries.get(env_id), refs.get(env_id)
-    if entry is None and ref is None:
+    if entry is None and ref is None and env_id not in clashes:
         raise click.ClickException(unknown_message(env_id, sorted(set(registry.entries) | set(refs))))
     out: dict[str, Any] = {"id": env_id, "registry": entry.to_toml() if entry else None, "installed": None}
     if ref is not None:
@@ -157,8 +160,8 @@ def info_cmd(env_id: str, registry_path: str | None, as_json: bool) -> None:
             out["installed"]["error"] = f"{type(e).__name__}: {e}"
     if entry and entry.admission.get("report"):
         out["admission_report"] = _report_summary(registry.resolve(entry.admission["report"]))
-    if problem:
-        out["discovery_error"] = problem
+    if env_id in clashes:
+        out["collision"] = clashes[env_id]
     if as_json:
         click.echo(json.dumps(out, indent=2, default=str))
         return
@@ -225,8 +228,8 @@ def _print_info(out: dict[str, Any]) -> None:
                 table.add_row(key, (", ".join(value) or "-") if isinstance(value, list) else str(value))
     console = _console()
     console.print(table)
-    if out.get("discovery_error"):
-        console.print(f"[red]plugin discovery failed:[/] {out['discovery_error']}")
+    if out.get("collision"):
+        console.print(f"[red]disabled:[/] {out['collision']}")
 
 
 def _pip_options(python: str | None, **kw: Any):
@@ -263,13 +266,15 @@ def install_cmd(target: str, no_deps: bool, no_build_isolation: bool, find_links
 
 @click.command("uninstall")
 @click.argument("env_id")
+@click.option("--dist", "distribution", default=None,
+              help="Which distribution to remove when two claim ENV_ID (a collision).")
 @python_option
 @_friendly
-def uninstall_cmd(env_id: str, python: str | None) -> None:
+def uninstall_cmd(env_id: str, distribution: str | None, python: str | None) -> None:
     """Uninstall the package that provides an environment."""
     from envhub.registry import uninstall
 
-    res = uninstall(env_id, _pip_options(python))
+    res = uninstall(env_id, _pip_options(python), distribution=distribution)
     _console().print(f"[green]uninstalled[/] {res.distribution} {res.version} (provided {res.env_id})")
 
 

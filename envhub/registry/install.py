@@ -124,6 +124,10 @@ try:
     hub = Hub()
     refs = hub.refs()
     out["ids"] = sorted(refs)
+    clash = hub.collisions.get(sys.argv[1])
+    if clash is not None:
+        out["claimants"] = [{"distribution": r.distribution, "version": r.version} for r in clash.claimants]
+        out["collision"] = str(clash)
     ref = refs.get(sys.argv[1])
     if ref is not None:
         out.update(found=True, distribution=ref.distribution, dist_version=ref.version, module=ref.module)
@@ -271,11 +275,33 @@ def install(registry: Registry, target: str, opts: PipOptions | None = None,
     return InstallResult(env_id, entry.version, found["distribution"], digest, entry.source, opts.python, warnings)
 
 
-def uninstall(env_id: str, opts: PipOptions | None = None) -> UninstallResult:
+def uninstall(env_id: str, opts: PipOptions | None = None, distribution: str | None = None) -> UninstallResult:
     """pip-uninstall the distribution that provides ``env_id`` in ``opts.python``'s environment, and check that the
-    id is gone. An id nobody provides raises :class:`~envhub.plugins.UnknownEnv` with close names."""
+    id is gone. An id nobody provides raises :class:`~envhub.plugins.UnknownEnv` with close names.
+
+    When two distributions claim ``env_id`` (a collision), ``distribution`` says which one to remove; the id is
+    then provided by the other one alone.
+    """
     opts = opts or PipOptions()
     found = probe(env_id, opts.python, load=False)
+    claimants = {normalize(c["distribution"]): c for c in found.get("claimants", [])}
+    if claimants:
+        if distribution is None or normalize(distribution) not in claimants:
+            names = ", ".join(c["distribution"] for c in claimants.values())
+            raise InstallError(f"{found['collision']}" if distribution is None else
+                               f"{distribution!r} does not claim {env_id!r}; its claimants are {names}")
+        chosen = claimants[normalize(distribution)]
+        if normalize(chosen["distribution"]) == "envhub":
+            raise InstallError(f"{env_id!r} is provided by envhub itself; refusing to uninstall envhub")
+        _run_pip(opts, "uninstall", "-y", chosen["distribution"])
+        after = probe(env_id, opts.python, load=False)
+        if any(normalize(c["distribution"]) == normalize(distribution) for c in after.get("claimants", [])) or \
+                normalize(after.get("distribution") or "") == normalize(distribution):
+            raise InstallError(f"uninstalled {distribution}, but it still claims {env_id!r}")
+        return UninstallResult(env_id, chosen["distribution"], chosen.get("version", "?"))
+    if distribution is not None and found.get("found") and \
+            normalize(found["distribution"]) != normalize(distribution):
+        raise InstallError(f"{env_id!r} is provided by {found['distribution']}, not {distribution}")
     if not found.get("found"):
         if found.get("error"):
             raise InstallError(f"cannot tell what provides {env_id!r}: {found['error']}")
