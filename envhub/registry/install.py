@@ -322,8 +322,8 @@ def publish(path: str | Path, registry: Registry, *, n: int | None = None, force
     """``envhub registry add PATH``: admit every env the plugin at ``path`` registers and write its entry.
 
     The report of each env goes to ``reports/<id>-<version>.json`` next to the registry. When admission finds a
-    verifier unfit, no entry is written (the reports are, so the author can read why) and :class:`PublishRefused`
-    is raised, unless ``force``. The plugin is loaded from ``path`` in a private hub, so an installed copy of it
+    verifier unfit, :class:`PublishRefused` is raised (its message says why) and *nothing* is written, unless
+    ``force``: neither the entry nor the report, which could overwrite the report a valid entry points to. The plugin is loaded from ``path`` in a private hub, so an installed copy of it
     cannot collide with it.
     """
     from envhub.admission import admit
@@ -339,12 +339,12 @@ def publish(path: str | Path, registry: Registry, *, n: int | None = None, force
     project = meta.get("project", {})
     specs = load_path(root, hub=Hub())
     results: list[PublishResult] = []
+    reports: dict[Path, str] = {}  # written only once every env is fit (or --force)
     for spec in specs:
         log(f"admission of {spec.id} {spec.version} ({root})")
         report = admit(spec, n=n, concurrency=concurrency)
         report_path = registry.root / "reports" / f"{spec.id}-{spec.version}.json"
-        report_path.parent.mkdir(parents=True, exist_ok=True)
-        report_path.write_text(report.to_json() + "\n")
+        reports[report_path] = report.to_json() + "\n"
         old = registry.entries.get(spec.id)
         entry = Entry(
             id=spec.id, version=spec.version, summary=spec.summary or project.get("description", ""),
@@ -359,8 +359,12 @@ def publish(path: str | Path, registry: Registry, *, n: int | None = None, force
         results.append(PublishResult(entry, report_path, report.fit, list(report.unfit_reasons), warnings))
     unfit = [r for r in results if not r.fit]
     if unfit and not force:
-        why = "; ".join(f"{r.entry.id}: {', '.join(r.unfit_reasons)} (report {r.report_path})" for r in unfit)
-        raise PublishRefused(f"the verifier is unfit, entry not written: {why}. Fix the plugin or pass --force.")
+        why = "; ".join(f"{r.entry.id}: {', '.join(r.unfit_reasons)}" for r in unfit)
+        raise PublishRefused(f"the verifier is unfit; nothing written (no entry, no report): {why}. Fix the plugin "
+                             "(`envhub validate PATH` shows the full report) or pass --force.")
+    for report_path, text in reports.items():
+        report_path.parent.mkdir(parents=True, exist_ok=True)
+        report_path.write_text(text)
     for r in results:
         registry.put(r.entry)
     registry.save()
