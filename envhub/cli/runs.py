@@ -116,9 +116,9 @@ def env_meta(spec) -> dict[str, Any]:
     except Exception:  # an in-process or source-tree plugin has no installed distribution
         out["distribution_version"] = None
     try:
-        from envhub.registry import load_registry
+        from envhub.registry.layers import load_index
 
-        entry = load_registry().entries.get(spec.id)
+        entry = load_index().entries.get(spec.id)
         out["registry_sha256"] = entry.sha256 if entry and entry.version == spec.version else None
     except Exception:  # no registry reachable: the run is still valid, just not tied to a hub entry
         out["registry_sha256"] = None

@@ -188,6 +188,8 @@ def fetch(source: Source, workdir: Path, opts: PipOptions) -> Path:
         except OSError as e:
             raise InstallError(f"could not download {source.location}: {e}") from None
         return dest
+    if source.kind == "git":
+        return _fetch_git(source.location, workdir)
     if source.kind == "requirement":
         dl = workdir / "download"
         _run_pip(opts, "download", "--no-deps", "--dest", str(dl), *opts.index_args(), source.location)
@@ -196,6 +198,25 @@ def fetch(source: Source, workdir: Path, opts: PipOptions) -> Path:
             raise InstallError(f"pip download {source.location} gave {len(files)} files, expected one")
         return files[0]
     raise RegistryError(f"unknown source kind {source.kind!r}")
+
+
+def _fetch_git(text: str, workdir: Path) -> Path:
+    """Clone the repository, check out the pinned commit, and return the package's directory in it."""
+    from envhub.registry import parse_git
+
+    git = parse_git(text)
+    dest = workdir / "git"
+    for cmd in (["git", "clone", "--quiet", "--no-checkout", git.url, str(dest)],
+                ["git", "-C", str(dest), "checkout", "--quiet", git.commit]):
+        proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "GIT_TERMINAL_PROMPT": "0"})
+        if proc.returncode != 0:
+            tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+            raise InstallError(f"could not fetch {text}: {' / '.join(tail)}")
+    package = dest / git.subdirectory if git.subdirectory else dest
+    if not (package / "pyproject.toml").is_file() and not (package / "setup.py").is_file():
+        raise InstallError(f"{text}: {git.subdirectory or 'the repository root'} is not a Python project at "
+                           f"{git.commit[:12]}")
+    return package
 
 
 def distribution_name(artifact: Path) -> str | None:
@@ -232,7 +253,12 @@ def install(registry: Registry, target: str, opts: PipOptions | None = None,
     if not entry.sha256:
         raise RegistryError(f"[envs.{env_id}] has no sha256: refusing to install an unpinned source "
                             f"(publish it with `envhub registry add PATH`)")
-    source = parse_source(entry.source, registry.root)
+    try:
+        source = parse_source(entry.source, entry.base or registry.root)
+    except RegistryError as e:
+        where = f" (from the {entry.origin} index)" if entry.origin else ""
+        raise RegistryError(f"{env_id}{where}: {e}. Point $ENVHUB_REGISTRY (or --registry) at an index whose "
+                            "source for it resolves here: a wheel/sdist URL, name==version, or git+URL@COMMIT") from None
     warnings: list[str] = []
     with tempfile.TemporaryDirectory(prefix="envhub-install-") as tmp:
         log(f"fetching {source.describe()}")
