@@ -33,12 +33,13 @@ class Run:
     def __init__(self, spec, backend, tokenizer, *, n: int, samples: int, concurrency: int, config,
                  timeout: float | None = None, split: str | None = None, writer=None, label: str = "",
                  show_progress: bool = True):
+        from envhub.cli.common import load_tasks
         from envhub.task import select
 
         self.spec, self.backend, self.tokenizer, self.config = spec, backend, tokenizer, config
         self.samples, self.concurrency, self.timeout, self.writer = samples, concurrency, timeout, writer
         self.label, self.show_progress = label or spec.id, show_progress
-        self.tasks = select(spec.load_tasks(split), n=n)
+        self.tasks = select(load_tasks(spec, split), n=n)
         done = writer.done if writer is not None else set()
         self.work = [(t, k) for t in self.tasks for k in range(samples) if (str(t["task_id"]), k) not in done]
         self.finished: list[Any] = []  # this invocation's finished trajectories, in finishing order
