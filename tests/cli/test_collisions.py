@@ -131,3 +131,14 @@ def test_uninstall_that_pip_silently_skips_is_an_error(clash):
     """pip exits 0 but removes nothing for a distribution outside the target environment: envhub checks after."""
     r = run_cli("uninstall", "good-env", "--dist", "plugin-impostor", site=clash)
     assert r.returncode == 1 and "still claims 'good-env'" in r.stderr, r.stdout + r.stderr
+
+
+def test_gymnasium_prefix_form_works_without_import_envhub():
+    """The documented form for code that never imports envhub (README: Using an environment)."""
+    r = run_py("""
+        import gymnasium
+        env = gymnasium.make('envhub:envhub/guess-number-v0')
+        obs, info = env.reset(seed=0)
+        print('ok', obs[-1]['role'])
+    """)
+    assert r.returncode == 0 and "ok user" in r.stdout, r.stdout + r.stderr
