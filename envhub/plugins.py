@@ -1,8 +1,9 @@
 """Plugin discovery: entry points in the ``envhub`` group, loaded lazily through pluggy.
 
 Listing env ids reads package metadata only (no plugin is imported). Asking for one env imports only the plugin whose
-entry point has that name. Two installed distributions claiming one id is an error naming both; a plugin that fails
-to import is reported (:attr:`Hub.errors`) and never stops the others from being listed or used.
+entry point has that name. Failures stay local to the id they concern: a plugin that fails to import, and an id that
+two installed distributions both claim, are reported (:attr:`Hub.errors`, :attr:`Hub.collisions`) and disable only
+that id; every other env is still listed and usable.
 """
 from __future__ import annotations
 
@@ -32,6 +33,21 @@ class PluginError(Exception):
 
 class PluginCollision(PluginError):
     """Two plugins claim the same env id."""
+
+
+@dataclass(frozen=True)
+class Collision:
+    """One env id claimed by more than one installed distribution. The id is disabled until all but one go."""
+
+    id: str
+    claimants: tuple["PluginRef", ...]
+
+    def __str__(self) -> str:
+        names = " and ".join(f"{r.distribution} {r.version} ({r.module})" for r in self.claimants)
+        fixes = " or ".join(f"`envhub uninstall {self.id} --dist {r.distribution}` / `pip uninstall {r.distribution}`"
+                            for r in self.claimants)
+        return (f"env id {self.id!r} is claimed by {len(self.claimants)} installed distributions: {names}; "
+                f"it is disabled until one is removed: {fixes}")
 
 
 class UnknownEnv(KeyError):
@@ -82,28 +98,37 @@ class Hub:
         self.pm = _plugin_manager()
         self.specs: dict[str, EnvSpec] = {}
         self.errors: dict[str, str] = {}  # plugin id -> why it failed to load
+        self.collisions: dict[str, Collision] = {}  # id -> the distributions claiming it (filled by refs())
         self._loaded: set[str] = set()
 
     # ---- metadata only ----------------------------------------------------------------------------------------
     def refs(self) -> dict[str, PluginRef]:
-        """Installed plugins by id, without importing any. Raises :class:`PluginCollision` on a duplicate id."""
+        """Installed plugins by id, without importing any.
+
+        An id claimed by two distributions is left out and recorded in :attr:`collisions` (and :attr:`errors`):
+        a clash disables that id only, never the whole hub.
+        """
         eps = self._eps if self._eps is not None else list(md.entry_points(group=GROUP))
-        refs: dict[str, PluginRef] = {}
+        claims: dict[str, list[PluginRef]] = {}
         for ep in eps:
             dist = getattr(ep, "dist", None)
             ref = PluginRef(ep.name, ep.value, dist.name if dist else "?", dist.version if dist else "?")
-            other = refs.get(ep.name)
-            if other and other.distribution != ref.distribution:
-                raise PluginCollision(
-                    f"env id {ep.name!r} is claimed by two installed distributions: {other.distribution} "
-                    f"({other.module}) and {ref.distribution} ({ref.module}); uninstall one of them"
-                )
-            refs[ep.name] = ref
+            same = claims.setdefault(ep.name, [])
+            if all(other.distribution != ref.distribution for other in same):  # one dist seen twice is one claim
+                same.append(ref)
+        refs: dict[str, PluginRef] = {}
+        for env_id, claimants in claims.items():
+            if len(claimants) == 1:
+                refs[env_id] = claimants[0]
+                continue
+            clash = Collision(env_id, tuple(claimants))
+            self.collisions[env_id] = clash
+            self.errors[env_id] = str(clash)
         return refs
 
     def ids(self) -> list[str]:
-        """Every known env id: installed plugins (by metadata) and specs registered in-process."""
-        return sorted(set(self.refs()) | set(self.specs))
+        """Every known env id: installed plugins (by metadata, colliding ids included) and in-process specs."""
+        return sorted(set(self.refs()) | set(self.collisions) | set(self.specs))
 
     # ---- loading ----------------------------------------------------------------------------------------------
     def register(self, spec: EnvSpec, source: str = "<in-process>") -> EnvSpec:
@@ -139,8 +164,6 @@ class Hub:
         try:
             module = importlib.import_module(ref.module)
             self.load_module(module, ref.distribution)
-        except PluginCollision:
-            raise
         except BaseException as e:  # a broken plugin is reported, never fatal (SystemExit from bad code included)
             if isinstance(e, KeyboardInterrupt):
                 raise
@@ -151,6 +174,8 @@ class Hub:
         if env_id in self.specs:
             return self.specs[env_id]
         refs = self.refs()
+        if env_id in self.collisions:
+            raise PluginCollision(str(self.collisions[env_id]))
         if env_id in refs:
             self._load_ref(refs[env_id])
         else:  # a plugin may register extra ids under its main one: load the rest, then look again
@@ -223,11 +248,7 @@ def register_gym_ids(hub: Hub | None = None) -> None:
     import gymnasium
 
     hub = hub or default_hub()
-    try:
-        refs = hub.refs()
-    except PluginCollision:
-        return  # reported when the id is actually asked for
-    for ref in refs.values():
+    for ref in hub.refs().values():  # a colliding id is left out here and reported when it is asked for
         major = ref.version.split(".")[0] if ref.version[:1].isdigit() else "0"
         gym_id = f"envhub/{ref.id}-v{major}"
         if gym_id not in gymnasium.registry:

@@ -38,15 +38,45 @@ def save_jsonl(rows: Iterable[Task], path: str | Path) -> Path:
     return path
 
 
+class TaskFileError(ValueError):
+    """A task file has a row that cannot be a task; the message names the file and the line."""
+
+
+def read_rows(path: str | Path) -> list[Task]:
+    """The rows of a JSON-lines task file, checked as an author needs: a malformed line, a row that is not an
+    object, a missing or non-string ``task_id`` and a duplicate ``task_id`` are each a :class:`TaskFileError`
+    naming ``file:line`` (a duplicate names both lines)."""
+    path = Path(path)
+    rows: list[Task] = []
+    first_line: dict[str, int] = {}
+    for lineno, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise TaskFileError(f"{path}:{lineno}: not valid JSON ({e.msg} at column {e.colno}): "
+                                f"{line[:120]!r}") from None
+        if not isinstance(row, dict):
+            raise TaskFileError(f"{path}:{lineno}: a task row must be a JSON object, got {type(row).__name__}")
+        tid = row.get("task_id")
+        if not isinstance(tid, str) or not tid:
+            raise TaskFileError(f"{path}:{lineno}: every task needs a non-empty string task_id; got {tid!r}")
+        if tid in first_line:
+            raise TaskFileError(f"{path}:{lineno}: duplicate task_id {tid!r} (first at line {first_line[tid]})")
+        first_line[tid] = lineno
+        rows.append(row)
+    return rows
+
+
 def load_jsonl(path: str | Path):
-    """Load a shipped split as a ``datasets.Dataset`` (rows in file order)."""
+    """Load a shipped split as a ``datasets.Dataset`` (rows in file order; see :func:`read_rows` for the checks)."""
     import datasets
 
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"task file {path} is missing: regenerate it with the plugin's generator")
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return datasets.Dataset.from_list(rows)
+    return datasets.Dataset.from_list(read_rows(path))
 
 
 def select(tasks: Any, n: int | None = None, ids: list[str] | None = None) -> list[Task]:

@@ -23,6 +23,7 @@ COMMANDS: dict[str, str] = {
     # running
     "rollout": "envhub.cli.rollout:rollout_cmd",
     "check-trajectory": "envhub.cli.rollout:check_trajectory_cmd",
+    "show": "envhub.cli.runs:show_cmd",
     "demo": "envhub.cli.demo:demo_cmd",
     # serving
     "serve": "envhub.cli.serve:serve_cmd",

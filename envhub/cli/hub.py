@@ -15,7 +15,8 @@ import click
 
 registry_option = click.option(
     "--registry", "registry_path", type=click.Path(dir_okay=False), default=None,
-    help="registry.toml to use (default: $ENVHUB_REGISTRY, else the nearest registry.toml upward, else envhub's own).",
+    help="Index to read first (browsing/install: above the user, project, $ENVHUB_REGISTRY and built-in indexes; "
+         "registry add/verify: the one file to use).",
 )
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 python_option = click.option(
@@ -46,26 +47,29 @@ def _console():
     return Console()
 
 
-def _installed() -> tuple[dict[str, Any], str | None]:
-    """Installed plugins by id (metadata only) and, if discovery itself failed (a collision), why."""
-    from envhub.plugins import PluginCollision, default_hub
+def _installed() -> tuple[dict[str, Any], dict[str, str]]:
+    """Installed plugins by id (metadata only) and the ids disabled by a collision, with why (only those ids)."""
+    from envhub.plugins import default_hub
 
-    try:
-        return default_hub().refs(), None
-    except PluginCollision as e:
-        return {}, str(e)
+    hub = default_hub()
+    refs = hub.refs()
+    return refs, {env_id: str(c) for env_id, c in hub.collisions.items()}
 
 
-def _rows(registry, ids: list[str], refs: dict[str, Any]) -> list[dict[str, Any]]:
+def _rows(registry, ids: list[str], refs: dict[str, Any], clashes: dict[str, str] | None = None) -> list[dict[str, Any]]:
     rows = []
     for env_id in ids:
         entry, ref = registry.entries.get(env_id), refs.get(env_id)
+        clash = (clashes or {}).get(env_id)
         rows.append({
+            "collision": clash,
             "id": env_id,
             "version": entry.version if entry else "",
             "installed": ref.version if ref else None,
             "distribution": ref.distribution if ref else None,
             "admission": entry.admission_summary if entry else "-",
+            "index": entry.origin if entry else "installed",
+            "shadows": entry.shadows if entry else [],
             "tags": entry.tags if entry else [],
             "summary": entry.summary if entry else "(installed, not in the registry)",
         })
@@ -76,11 +80,14 @@ def _table(rows: list[dict[str, Any]], title: str):
     from rich.table import Table
 
     table = Table(title=title, title_justify="left")
-    for col in ("id", "version", "installed", "admission", "tags", "summary"):
+    for col in ("id", "version", "installed", "index", "admission", "summary"):
         table.add_column(col, overflow="fold")
     for r in rows:
         installed = f"[green]{r['installed']}[/]" if r["installed"] else "[dim]-[/]"
-        table.add_row(r["id"], r["version"] or "-", installed, r["admission"], ", ".join(r["tags"]), r["summary"])
+        if r.get("collision"):
+            installed = "[red]COLLISION[/]"
+        index = r["index"] + "".join(f" [yellow](over {s})[/]" for s in r["shadows"])
+        table.add_row(r["id"], r["version"] or "-", installed, index, r["admission"], r["summary"])
     return table
 
 
@@ -90,18 +97,20 @@ def _table(rows: list[dict[str, Any]], title: str):
 @_friendly
 def list_cmd(registry_path: str | None, as_json: bool) -> None:
     """List the registry's environments and which are installed (imports no plugin)."""
-    from envhub.registry import load_registry
+    from envhub.registry.layers import load_index
 
-    registry = load_registry(registry_path)
-    refs, problem = _installed()
-    rows = _rows(registry, sorted(set(registry.entries) | set(refs)), refs)
+    registry = load_index(registry_path)
+    refs, clashes = _installed()
+    rows = _rows(registry, sorted(set(registry.entries) | set(refs) | set(clashes)), refs, clashes)
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
     console = _console()
-    console.print(_table(rows, f"envhub environments ({registry.path})"))
-    if problem:
-        console.print(f"[red]plugin discovery failed:[/] {problem}")
+    console.print(_table(rows, "envhub environments"))
+    layers = "; ".join(layer.describe() for layer in registry.layers) or "none"
+    console.print(f"[dim]indexes, highest priority first: {layers}[/]", soft_wrap=True)
+    for clash in clashes.values():
+        console.print(f"[red]disabled:[/] {clash}")
 
 
 @click.command("search")
@@ -113,10 +122,10 @@ def search_cmd(text: tuple[str, ...], registry_path: str | None, as_json: bool) 
     """Find environments whose id, summary or tags contain every word of TEXT."""
     import difflib
 
-    from envhub.registry import load_registry
+    from envhub.registry.layers import load_index
 
     query = " ".join(text)
-    registry = load_registry(registry_path)
+    registry = load_index(registry_path)
     refs, _ = _installed()
     ids = [e.id for e in registry.search(query)]
     ids += [i for i in sorted(refs) if i not in registry.entries and all(w in i.lower() for w in query.lower().split())]
@@ -140,12 +149,12 @@ def search_cmd(text: tuple[str, ...], registry_path: str | None, as_json: bool) 
 def info_cmd(env_id: str, registry_path: str | None, as_json: bool) -> None:
     """Show an environment: its registry entry, the installed plugin (loads only that one) and its admission."""
     from envhub.plugins import default_hub, unknown_message
-    from envhub.registry import load_registry
+    from envhub.registry.layers import load_index
 
-    registry = load_registry(registry_path)
-    refs, problem = _installed()
+    registry = load_index(registry_path)
+    refs, clashes = _installed()
     entry, ref = registry.entries.get(env_id), refs.get(env_id)
-    if entry is None and ref is None:
+    if entry is None and ref is None and env_id not in clashes:
         raise click.ClickException(unknown_message(env_id, sorted(set(registry.entries) | set(refs))))
     out: dict[str, Any] = {"id": env_id, "registry": entry.to_toml() if entry else None, "installed": None}
     if ref is not None:
@@ -156,9 +165,11 @@ def info_cmd(env_id: str, registry_path: str | None, as_json: bool) -> None:
         except Exception as e:  # a broken plugin is shown, not fatal: the registry entry is still worth reading
             out["installed"]["error"] = f"{type(e).__name__}: {e}"
     if entry and entry.admission.get("report"):
-        out["admission_report"] = _report_summary(registry.resolve(entry.admission["report"]))
-    if problem:
-        out["discovery_error"] = problem
+        out["admission_report"] = _report_summary(registry.resolve(entry.admission["report"], entry))
+    if entry is not None:
+        out["index"] = {"from": entry.origin, "shadows": entry.shadows}
+    if env_id in clashes:
+        out["collision"] = clashes[env_id]
     if as_json:
         click.echo(json.dumps(out, indent=2, default=str))
         return
@@ -225,8 +236,8 @@ def _print_info(out: dict[str, Any]) -> None:
                 table.add_row(key, (", ".join(value) or "-") if isinstance(value, list) else str(value))
     console = _console()
     console.print(table)
-    if out.get("discovery_error"):
-        console.print(f"[red]plugin discovery failed:[/] {out['discovery_error']}")
+    if out.get("collision"):
+        console.print(f"[red]disabled:[/] {out['collision']}")
 
 
 def _pip_options(python: str | None, **kw: Any):
@@ -249,10 +260,11 @@ def _pip_options(python: str | None, **kw: Any):
 def install_cmd(target: str, no_deps: bool, no_build_isolation: bool, find_links: tuple[str, ...], no_index: bool,
                 python: str | None, registry_path: str | None) -> None:
     """Install an environment from the registry: check its sha256, pip-install it, confirm the plugin loads."""
-    from envhub.registry import install, load_registry
+    from envhub.registry import install
+    from envhub.registry.layers import load_index
 
     console = _console()
-    registry = load_registry(registry_path)
+    registry = load_index(registry_path)
     opts = _pip_options(python, no_deps=no_deps, no_build_isolation=no_build_isolation, find_links=find_links,
                         no_index=no_index)
     res = install(registry, target, opts, log=lambda s: console.print(f"[dim]{s}[/]"))
@@ -263,13 +275,15 @@ def install_cmd(target: str, no_deps: bool, no_build_isolation: bool, find_links
 
 @click.command("uninstall")
 @click.argument("env_id")
+@click.option("--dist", "distribution", default=None,
+              help="Which distribution to remove when two claim ENV_ID (a collision).")
 @python_option
 @_friendly
-def uninstall_cmd(env_id: str, python: str | None) -> None:
+def uninstall_cmd(env_id: str, distribution: str | None, python: str | None) -> None:
     """Uninstall the package that provides an environment."""
     from envhub.registry import uninstall
 
-    res = uninstall(env_id, _pip_options(python))
+    res = uninstall(env_id, _pip_options(python), distribution=distribution)
     _console().print(f"[green]uninstalled[/] {res.distribution} {res.version} (provided {res.env_id})")
 
 

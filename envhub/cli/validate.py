@@ -6,7 +6,7 @@ from pathlib import Path
 import click
 from rich.table import Table
 
-from envhub.cli.common import console, resolve_spec
+from envhub.cli.common import console, load_tasks, resolve_spec
 
 
 def _mark(ok: bool) -> str:
@@ -44,7 +44,8 @@ def validate_cmd(target: str, n: int | None, split: str | None, json_out: str | 
     from envhub.admission import admit
 
     spec = resolve_spec(target)
-    total = n if n is not None else len(spec.load_tasks(split))
+    rows = load_tasks(spec, split)  # a bad task file is one clear line here, not a traceback inside admission
+    total = len(rows) if n is None else min(n, len(rows))
     with Progress(console=console, transient=True) as progress:
         bar = progress.add_task(f"admitting {spec.id}", total=total)
         report = admit(spec, n=n, split=split, concurrency=concurrency, progress=lambda _: progress.advance(bar))

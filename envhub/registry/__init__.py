@@ -14,9 +14,11 @@ One entry per env id::
     passed = 16
     report = "reports/countdown-0.1.0.json"
 
-Which file (:func:`find_registry`): ``--registry PATH``, else ``$ENVHUB_REGISTRY``, else the nearest
+Which indexes are read: see :mod:`envhub.registry.layers` (user config, project file, ``$ENVHUB_REGISTRY``, the
+index built into the package, in that order of priority). Which one file ``registry add`` writes and ``verify``
+checks (:func:`find_registry`): ``--registry PATH``, else ``$ENVHUB_REGISTRY`` (a path), else the nearest
 ``registry.toml`` upward from the working directory, else the one at the root of the envhub checkout. Relative
-``source`` and ``report`` paths resolve against the registry file's directory, so a checkout can move.
+``source`` and ``report`` paths resolve against their index's directory (or URL), so a checkout can move.
 
 The hash of a source tree is a *content hash* (:func:`content_hash`): sorted relative paths and file bytes, leaving
 out what builds and tools leave behind (``__pycache__``, ``*.pyc``, ``*.egg-info``, ``build/``, ``dist/``,
@@ -133,6 +135,11 @@ class Entry:
     tags: list[str] = field(default_factory=list)
     admission: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
+    # where the entry was read from (not written back): which index, the directory or URL its relative paths
+    # resolve against, and the lower-priority indexes whose entry for the same id it shadows
+    origin: str = field(default="", compare=False)
+    base: str = field(default="", compare=False)
+    shadows: list[str] = field(default_factory=list, compare=False)
 
     @classmethod
     def from_toml(cls, env_id: str, table: dict[str, Any]) -> Entry:
@@ -195,6 +202,7 @@ class Registry:
     path: Path
     entries: dict[str, Entry] = field(default_factory=dict)
     header: str = ""
+    layers: list[Any] = field(default_factory=list)  # the indexes merged into this one (envhub.registry.layers)
 
     @classmethod
     def load(cls, path: str | Path) -> Registry:
@@ -202,16 +210,21 @@ class Registry:
         path = Path(path).absolute()
         if not path.exists():
             return cls(path)
-        text = path.read_text()
+        return cls.loads(path.read_text(), path)
+
+    @classmethod
+    def loads(cls, text: str, path: str | Path, where: str | None = None) -> Registry:
+        """Parse an index's text; ``where`` names it in errors (a URL), else ``path``."""
+        where = where or str(path)
         try:
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as e:
-            raise RegistryError(f"{path} is not valid TOML: {e}") from None
+            raise RegistryError(f"{where} is not valid TOML: {e}") from None
         envs = data.get("envs", {})
         if not isinstance(envs, dict):
-            raise RegistryError(f"{path}: [envs] must be a table of env tables")
+            raise RegistryError(f"{where}: [envs] must be a table of env tables")
         header = "".join(_leading_comments(text))
-        return cls(path, {k: Entry.from_toml(k, v) for k, v in envs.items()}, header)
+        return cls(Path(path), {k: Entry.from_toml(k, v) for k, v in envs.items()}, header)
 
     @property
     def root(self) -> Path:
@@ -237,9 +250,10 @@ class Registry:
     def remove(self, env_id: str) -> Entry:
         return self.entries.pop(self.get(env_id).id)
 
-    def resolve(self, relpath: str) -> Path:
-        """A path from an entry, resolved against the registry's directory."""
-        return (self.root / relpath).resolve()
+    def resolve(self, relpath: str, entry: Entry | None = None) -> Path:
+        """A path from an entry, resolved against the directory of the index it came from."""
+        base = Path(entry.base) if entry is not None and entry.base and "://" not in entry.base else self.root
+        return (base / relpath).resolve()
 
     def relative(self, path: str | Path) -> str:
         """``path`` as an entry stores it: relative to the registry's directory, POSIX separators."""
@@ -272,8 +286,9 @@ def find_registry(explicit: str | Path | None = None, cwd: str | Path | None = N
     found, it is ``./registry.toml`` unless the envhub checkout has one."""
     if explicit:
         return Path(explicit).absolute()
-    if os.environ.get(ENV_VAR):
-        return Path(os.environ[ENV_VAR]).absolute()
+    env = os.environ.get(ENV_VAR, "")
+    if env and "://" not in env and "," not in env:  # a URL or a list is read by load_index, never written
+        return Path(env).absolute()
     here = Path(cwd or Path.cwd()).absolute()
     for d in (here, *here.parents):
         if (d / REGISTRY_FILE).is_file():
@@ -285,6 +300,8 @@ def find_registry(explicit: str | Path | None = None, cwd: str | Path | None = N
 
 
 def load_registry(explicit: str | Path | None = None) -> Registry:
+    """One index file, the one :func:`find_registry` picks: what ``registry add`` writes and ``verify`` checks.
+    Browsing and installing read every index, layered: :func:`envhub.registry.layers.load_index`."""
     return Registry.load(find_registry(explicit))
 
 
@@ -292,7 +309,8 @@ def load_registry(explicit: str | Path | None = None) -> Registry:
 @dataclass(frozen=True)
 class Source:
     """Where an entry's package comes from. ``kind``: ``tree`` (a local source directory), ``file`` (a local
-    wheel/sdist), ``url`` (a wheel/sdist to download) or ``requirement`` (``name==version`` from the index)."""
+    wheel/sdist), ``url`` (a wheel/sdist to download), ``requirement`` (``name==version`` from the package index)
+    or ``git`` (``git+URL@COMMIT#subdirectory=PATH``, see :class:`GitSource`)."""
 
     kind: str
     location: str
@@ -301,13 +319,20 @@ class Source:
         return f"{self.kind} {self.location}"
 
 
-def parse_source(source: str, root: Path) -> Source:
-    """Classify an entry's ``source``; relative paths resolve against ``root`` (the registry's directory)."""
+def parse_source(source: str, root: str | Path) -> Source:
+    """Classify an entry's ``source``; relative paths resolve against ``root`` (its index's directory or URL)."""
     source = source.strip()
     if not source:
         raise RegistryError("the entry has no source")
+    if source.startswith("git+"):
+        return Source("git", parse_git(source).text)
     if "://" in source:
         return Source("url", source)
+    if "://" in str(root) and not _REQUIREMENT.match(source):  # an index served over HTTP: relative to its URL
+        import urllib.parse
+
+        return Source("url", urllib.parse.urljoin(str(root).rstrip("/") + "/", source))
+    root = Path(root)
     path = (root / source).resolve()
     if path.is_dir():
         return Source("tree", str(path))
@@ -318,6 +343,35 @@ def parse_source(source: str, root: Path) -> Source:
     if _REQUIREMENT.match(source):
         return Source("requirement", re.sub(r"\s+", "", source))
     raise RegistryError(f"source {source!r} is neither an existing path (under {root}) nor a URL nor name==version")
+
+
+@dataclass(frozen=True)
+class GitSource:
+    """``git+URL@COMMIT#subdirectory=PATH``: a pinned commit (40 hex digits: a branch or tag could move) and the
+    package's directory in it. The entry's sha256 is the content hash of that directory, checked after fetch."""
+
+    url: str
+    commit: str
+    subdirectory: str = ""
+
+    @property
+    def text(self) -> str:
+        return f"git+{self.url}@{self.commit}" + (f"#subdirectory={self.subdirectory}" if self.subdirectory else "")
+
+
+def parse_git(source: str) -> GitSource:
+    rest, _, fragment = source[len("git+"):].partition("#")
+    url, at, commit = rest.rpartition("@")
+    if not at or "://" not in url or not re.fullmatch(r"[0-9a-f]{40}", commit):
+        raise RegistryError(f"git source {source!r} must be git+URL@COMMIT (COMMIT: the full 40-hex sha, so the "
+                            "source cannot move)")
+    sub = ""
+    if fragment:
+        key, _, value = fragment.partition("=")
+        if key != "subdirectory" or not value or value.startswith("/") or ".." in Path(value).parts:
+            raise RegistryError(f"git source {source!r}: the fragment must be #subdirectory=RELATIVE/PATH")
+        sub = value
+    return GitSource(url, commit, sub)
 
 
 def split_requirement(text: str) -> tuple[str, str | None]:

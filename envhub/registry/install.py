@@ -124,6 +124,10 @@ try:
     hub = Hub()
     refs = hub.refs()
     out["ids"] = sorted(refs)
+    clash = hub.collisions.get(sys.argv[1])
+    if clash is not None:
+        out["claimants"] = [{"distribution": r.distribution, "version": r.version} for r in clash.claimants]
+        out["collision"] = str(clash)
     ref = refs.get(sys.argv[1])
     if ref is not None:
         out.update(found=True, distribution=ref.distribution, dist_version=ref.version, module=ref.module)
@@ -184,6 +188,8 @@ def fetch(source: Source, workdir: Path, opts: PipOptions) -> Path:
         except OSError as e:
             raise InstallError(f"could not download {source.location}: {e}") from None
         return dest
+    if source.kind == "git":
+        return _fetch_git(source.location, workdir)
     if source.kind == "requirement":
         dl = workdir / "download"
         _run_pip(opts, "download", "--no-deps", "--dest", str(dl), *opts.index_args(), source.location)
@@ -192,6 +198,25 @@ def fetch(source: Source, workdir: Path, opts: PipOptions) -> Path:
             raise InstallError(f"pip download {source.location} gave {len(files)} files, expected one")
         return files[0]
     raise RegistryError(f"unknown source kind {source.kind!r}")
+
+
+def _fetch_git(text: str, workdir: Path) -> Path:
+    """Clone the repository, check out the pinned commit, and return the package's directory in it."""
+    from envhub.registry import parse_git
+
+    git = parse_git(text)
+    dest = workdir / "git"
+    for cmd in (["git", "clone", "--quiet", "--no-checkout", git.url, str(dest)],
+                ["git", "-C", str(dest), "checkout", "--quiet", git.commit]):
+        proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "GIT_TERMINAL_PROMPT": "0"})
+        if proc.returncode != 0:
+            tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+            raise InstallError(f"could not fetch {text}: {' / '.join(tail)}")
+    package = dest / git.subdirectory if git.subdirectory else dest
+    if not (package / "pyproject.toml").is_file() and not (package / "setup.py").is_file():
+        raise InstallError(f"{text}: {git.subdirectory or 'the repository root'} is not a Python project at "
+                           f"{git.commit[:12]}")
+    return package
 
 
 def distribution_name(artifact: Path) -> str | None:
@@ -228,7 +253,12 @@ def install(registry: Registry, target: str, opts: PipOptions | None = None,
     if not entry.sha256:
         raise RegistryError(f"[envs.{env_id}] has no sha256: refusing to install an unpinned source "
                             f"(publish it with `envhub registry add PATH`)")
-    source = parse_source(entry.source, registry.root)
+    try:
+        source = parse_source(entry.source, entry.base or registry.root)
+    except RegistryError as e:
+        where = f" (from the {entry.origin} index)" if entry.origin else ""
+        raise RegistryError(f"{env_id}{where}: {e}. Point $ENVHUB_REGISTRY (or --registry) at an index whose "
+                            "source for it resolves here: a wheel/sdist URL, name==version, or git+URL@COMMIT") from None
     warnings: list[str] = []
     with tempfile.TemporaryDirectory(prefix="envhub-install-") as tmp:
         log(f"fetching {source.describe()}")
@@ -271,11 +301,33 @@ def install(registry: Registry, target: str, opts: PipOptions | None = None,
     return InstallResult(env_id, entry.version, found["distribution"], digest, entry.source, opts.python, warnings)
 
 
-def uninstall(env_id: str, opts: PipOptions | None = None) -> UninstallResult:
+def uninstall(env_id: str, opts: PipOptions | None = None, distribution: str | None = None) -> UninstallResult:
     """pip-uninstall the distribution that provides ``env_id`` in ``opts.python``'s environment, and check that the
-    id is gone. An id nobody provides raises :class:`~envhub.plugins.UnknownEnv` with close names."""
+    id is gone. An id nobody provides raises :class:`~envhub.plugins.UnknownEnv` with close names.
+
+    When two distributions claim ``env_id`` (a collision), ``distribution`` says which one to remove; the id is
+    then provided by the other one alone.
+    """
     opts = opts or PipOptions()
     found = probe(env_id, opts.python, load=False)
+    claimants = {normalize(c["distribution"]): c for c in found.get("claimants", [])}
+    if claimants:
+        if distribution is None or normalize(distribution) not in claimants:
+            names = ", ".join(c["distribution"] for c in claimants.values())
+            raise InstallError(f"{found['collision']}" if distribution is None else
+                               f"{distribution!r} does not claim {env_id!r}; its claimants are {names}")
+        chosen = claimants[normalize(distribution)]
+        if normalize(chosen["distribution"]) == "envhub":
+            raise InstallError(f"{env_id!r} is provided by envhub itself; refusing to uninstall envhub")
+        _run_pip(opts, "uninstall", "-y", chosen["distribution"])
+        after = probe(env_id, opts.python, load=False)
+        if any(normalize(c["distribution"]) == normalize(distribution) for c in after.get("claimants", [])) or \
+                normalize(after.get("distribution") or "") == normalize(distribution):
+            raise InstallError(f"uninstalled {distribution}, but it still claims {env_id!r}")
+        return UninstallResult(env_id, chosen["distribution"], chosen.get("version", "?"))
+    if distribution is not None and found.get("found") and \
+            normalize(found["distribution"]) != normalize(distribution):
+        raise InstallError(f"{env_id!r} is provided by {found['distribution']}, not {distribution}")
     if not found.get("found"):
         if found.get("error"):
             raise InstallError(f"cannot tell what provides {env_id!r}: {found['error']}")
@@ -296,8 +348,8 @@ def publish(path: str | Path, registry: Registry, *, n: int | None = None, force
     """``envhub registry add PATH``: admit every env the plugin at ``path`` registers and write its entry.
 
     The report of each env goes to ``reports/<id>-<version>.json`` next to the registry. When admission finds a
-    verifier unfit, no entry is written (the reports are, so the author can read why) and :class:`PublishRefused`
-    is raised, unless ``force``. The plugin is loaded from ``path`` in a private hub, so an installed copy of it
+    verifier unfit, :class:`PublishRefused` is raised (its message says why) and *nothing* is written, unless
+    ``force``: neither the entry nor the report, which could overwrite the report a valid entry points to. The plugin is loaded from ``path`` in a private hub, so an installed copy of it
     cannot collide with it.
     """
     from envhub.admission import admit
@@ -313,12 +365,12 @@ def publish(path: str | Path, registry: Registry, *, n: int | None = None, force
     project = meta.get("project", {})
     specs = load_path(root, hub=Hub())
     results: list[PublishResult] = []
+    reports: dict[Path, str] = {}  # written only once every env is fit (or --force)
     for spec in specs:
         log(f"admission of {spec.id} {spec.version} ({root})")
         report = admit(spec, n=n, concurrency=concurrency)
         report_path = registry.root / "reports" / f"{spec.id}-{spec.version}.json"
-        report_path.parent.mkdir(parents=True, exist_ok=True)
-        report_path.write_text(report.to_json() + "\n")
+        reports[report_path] = report.to_json() + "\n"
         old = registry.entries.get(spec.id)
         entry = Entry(
             id=spec.id, version=spec.version, summary=spec.summary or project.get("description", ""),
@@ -333,8 +385,12 @@ def publish(path: str | Path, registry: Registry, *, n: int | None = None, force
         results.append(PublishResult(entry, report_path, report.fit, list(report.unfit_reasons), warnings))
     unfit = [r for r in results if not r.fit]
     if unfit and not force:
-        why = "; ".join(f"{r.entry.id}: {', '.join(r.unfit_reasons)} (report {r.report_path})" for r in unfit)
-        raise PublishRefused(f"the verifier is unfit, entry not written: {why}. Fix the plugin or pass --force.")
+        why = "; ".join(f"{r.entry.id}: {', '.join(r.unfit_reasons)}" for r in unfit)
+        raise PublishRefused(f"the verifier is unfit; nothing written (no entry, no report): {why}. Fix the plugin "
+                             "(`envhub validate PATH` shows the full report) or pass --force.")
+    for report_path, text in reports.items():
+        report_path.parent.mkdir(parents=True, exist_ok=True)
+        report_path.write_text(text)
     for r in results:
         registry.put(r.entry)
     registry.save()

@@ -75,9 +75,14 @@ def test_registry_add_refuses_an_unfit_verifier(plugin, tmp_path):
     reg_path = tmp_path / "registry.toml"
     with pytest.raises(PublishRefused, match="noop check failed"):
         publish(root, Registry.load(reg_path))
-    assert not reg_path.exists()  # no entry written...
-    report = json.loads((tmp_path / "reports" / "lax-env-0.1.0.json").read_text())
-    assert report["fit"] is False  # ...but the report says why
+    assert not reg_path.exists() and not (tmp_path / "reports").exists()  # nothing written: no entry, no report
+    # the attack: a refused publish of the same id+version must not overwrite the report a valid entry points to
+    valid = tmp_path / "reports" / "lax-env-0.1.0.json"
+    valid.parent.mkdir()
+    valid.write_text('{"fit": true}\n')
+    with pytest.raises(PublishRefused, match="nothing written"):
+        publish(root, Registry.load(reg_path))
+    assert valid.read_text() == '{"fit": true}\n'
 
     with pytest.raises(RegistryError, match="inside the plugin tree"):
         publish(root, Registry.load(root / "registry.toml"))

@@ -34,6 +34,7 @@ from typing import Any, ClassVar
 from openrlhf.utils.agent import AgentExecutorBase
 
 from envhub.backends.base import SamplingParams
+from envhub.backends.chat import require_trainable
 from envhub.rollout.trajectory import Trajectory
 from envhub.training.source import AdapterOptions, EpisodeRunner, TaskResolver
 from envhub_openrlhf.backend import OpenRLHFEngineBackend
@@ -102,6 +103,7 @@ def envhub_sampling(sampling_params: Any, max_length: int) -> SamplingParams:
 def to_openrlhf_output(traj: Trajectory, *, prompt: Any, label: Any, images: Any = None, hf_tokenizer: Any = None,
                        with_logprobs: bool = True) -> dict[str, Any]:
     """The dict OpenRLHF's ``execute`` contract expects, from an envhub trajectory (see the module docstring)."""
+    require_trainable(traj, "OpenRLHF")
     prompt_ids = list(traj.prompt_ids)
     if not prompt_ids and hf_tokenizer is not None and isinstance(prompt, str):
         # The episode failed before envhub rendered its prompt: keep the row with OpenRLHF's own tokenization of

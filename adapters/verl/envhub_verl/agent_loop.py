@@ -29,6 +29,7 @@ from typing import Any
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutput, register
 
 from envhub.backends.base import SamplingParams
+from envhub.backends.chat import require_trainable
 from envhub.rollout.trajectory import Trajectory
 from envhub.training.source import AdapterOptions, EpisodeRunner, TaskResolver
 from envhub_verl.backend import VerlServerBackend
@@ -105,6 +106,7 @@ class EnvhubAgentLoop(AgentLoopBase):
 
 def to_agent_loop_output(traj: Trajectory, prompt_ids: list[int], *, with_logprobs: bool) -> AgentLoopOutput:
     """veRL's ``AgentLoopOutput`` from an envhub trajectory (see the module docstring)."""
+    require_trainable(traj, "veRL")
     metrics = traj.metrics or {}
     info = {"envhub_passed": float(bool(traj.passed)), "envhub_error": float(not traj.ok),
             "envhub_num_turns": float(traj.num_turns)}

@@ -1,0 +1,221 @@
+"""A rollout run on disk: ``envhub rollout --out DIR`` writes it, ``check-trajectory`` and ``envhub show`` read it.
+
+Layout of a run directory::
+
+    DIR/run.json            what made it: command, model, tokenizer, sampling, envs (id, version, distribution,
+                            registry sha256), started/finished, interrupted, and the summary once there is one
+    DIR/trajectories.jsonl  one JSON line per *finished* trajectory, appended and flushed as each one finishes
+
+Appending one line per trajectory is what makes a run survive a crash or Ctrl-C: everything that finished is on
+disk, and ``--resume`` skips those (task_id, sample) pairs. A partially written last line (a kill mid-write) is
+ignored on reading, never fatal.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+META = "run.json"
+TRAJECTORIES = "trajectories.jsonl"
+# what must match for --resume to add to a run (the rest, e.g. concurrency or timeout, may change between tries)
+RESUME_KEYS = ("env_id", "model", "tokenizer", "sampling", "max_turns", "max_length", "split", "samples")
+
+
+def is_run(path: str | Path) -> bool:
+    return (Path(path) / META).is_file()
+
+
+def read_meta(path: str | Path) -> dict[str, Any]:
+    try:
+        return json.loads((Path(path) / META).read_text())
+    except (OSError, ValueError) as e:
+        raise click.ClickException(f"{path} is not a readable envhub run ({META}: {e})") from None
+
+
+def read_lines(path: str | Path) -> list[dict[str, Any]]:
+    """The trajectory dicts of a run (a truncated last line, left by a kill mid-write, is skipped)."""
+    file = Path(path) / TRAJECTORIES if Path(path).is_dir() else Path(path)
+    if not file.exists():
+        return []
+    out = []
+    for line in file.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue
+    return out
+
+
+def key_of(traj_dict: dict[str, Any]) -> tuple[str, int]:
+    return str(traj_dict.get("task_id")), int((traj_dict.get("details") or {}).get("sample", 0))
+
+
+class RunWriter:
+    """Opens (or resumes) a run directory and appends trajectories to it as they finish."""
+
+    def __init__(self, path: str | Path, meta: dict[str, Any], *, resume: bool = False, overwrite: bool = False):
+        self.path = Path(path)
+        self.done: set[tuple[str, int]] = set()
+        if resume and overwrite:
+            raise click.UsageError("--resume and --overwrite exclude each other")
+        if self.path.exists() and not self.path.is_dir():
+            raise click.UsageError(f"--out {self.path} is a file, not a run directory")
+        occupied = self.path.is_dir() and any(self.path.iterdir())
+        if occupied and not (resume or overwrite):
+            raise click.UsageError(f"--out {self.path} already holds a run: pass --resume to finish it (done "
+                                   "rollouts are skipped) or --overwrite to replace it")
+        if occupied and not is_run(self.path):
+            raise click.UsageError(f"--out {self.path} is a non-empty directory that is not an envhub run: "
+                                   "refusing to write into (or replace) it")
+        if occupied and overwrite:
+            for name in (META, TRAJECTORIES):
+                (self.path / name).unlink(missing_ok=True)
+        elif occupied and resume:
+            old = read_meta(self.path)
+            differ = [k for k in RESUME_KEYS if old.get(k) != meta.get(k)]
+            if differ:
+                diff = "; ".join(f"{k}: run has {old.get(k)!r}, now {meta.get(k)!r}" for k in differ)
+                raise click.UsageError(f"--resume {self.path}: not the same run ({diff})")
+            self.done = {key_of(d) for d in read_lines(self.path)}
+            meta = {**old, **meta, "started": old.get("started", meta.get("started")),
+                    "resumed": [*old.get("resumed", []), meta.get("started")]}
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.meta = meta
+        self.write_meta()
+        self._file = open(self.path / TRAJECTORIES, "a")
+
+    def append(self, traj) -> None:
+        """One finished trajectory, flushed at once (a crash after this call keeps it)."""
+        self._file.write(traj.to_json() + "\n")
+        self._file.flush()
+
+    def write_meta(self, **updates: Any) -> None:
+        self.meta.update(updates)
+        tmp = self.path / (META + ".tmp")
+        tmp.write_text(json.dumps(self.meta, indent=2, default=str) + "\n")
+        os.replace(tmp, self.path / META)  # never a half-written run.json
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def env_meta(spec) -> dict[str, Any]:
+    """What identifies the env a run used: id, version, distribution, and the hub's sha256 for that version."""
+    out: dict[str, Any] = {"id": spec.id, "version": spec.version, "distribution": spec.distribution}
+    try:
+        import importlib.metadata as md
+
+        out["distribution_version"] = md.version(spec.distribution) if spec.distribution else None
+    except Exception:  # an in-process or source-tree plugin has no installed distribution
+        out["distribution_version"] = None
+    try:
+        from envhub.registry.layers import load_index
+
+        entry = load_index().entries.get(spec.id)
+        out["registry_sha256"] = entry.sha256 if entry and entry.version == spec.version else None
+    except Exception:  # no registry reachable: the run is still valid, just not tied to a hub entry
+        out["registry_sha256"] = None
+    return out
+
+
+def started_meta(**fields: Any) -> dict[str, Any]:
+    return {"envhub_run": 1, "command": sys.argv[:], "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            **fields}
+
+
+# ---- envhub show ------------------------------------------------------------------------------------------------
+@click.command("show")
+@click.argument("run", type=click.Path(exists=True))
+@click.option("--index", "-i", type=int, default=None, help="Which trajectory (default: a table of all).")
+@click.option("--json", "as_json", is_flag=True, help="Print the trajectory (or the run's metadata) as JSON.")
+def show_cmd(run: str, index: int | None, as_json: bool) -> None:
+    """Print a saved run: its metadata and a table of trajectories, or one conversation with --index."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    meta = read_meta(run) if Path(run).is_dir() else {}
+    rows = read_lines(run)
+    if index is None:
+        if as_json:
+            click.echo(json.dumps({"meta": meta, "trajectories": len(rows)}, indent=2, default=str))
+            return
+        if meta:
+            console.print(f"[bold]{meta.get('env_id')}[/] with {meta.get('model')} (tokenizer {meta.get('tokenizer')}),"
+                          f" started {meta.get('started')}{' [yellow](interrupted)[/]' if meta.get('interrupted') else ''}")
+        table = Table(title=f"{len(rows)} trajectories", title_justify="left")
+        for col in ("#", "task", "sample", "finish", "reward", "turns"):
+            table.add_column(col)
+        for i, d in enumerate(rows):
+            table.add_row(str(i), str(d.get("task_id")), str(key_of(d)[1]), str(d.get("finish_reason")),
+                          f"{float(d.get('reward') or 0):.3f}", str(d.get("num_turns")))
+        console.print(table)
+        return
+    if not -len(rows) <= index < len(rows):
+        raise click.ClickException(f"--index {index} is out of range: {run} holds {len(rows)} trajectories")
+    d = rows[index]
+    if as_json:
+        click.echo(json.dumps(d, indent=2))
+        return
+    console.print(f"[bold]trajectory {index}[/]: {d.get('env_id')} / task {d.get('task_id')} "
+                  f"(sample {key_of(d)[1]})")
+    for m in d.get("messages") or []:
+        role = m.get("role", "?")
+        console.rule(f"[bold]{role}[/]" + (f" ({m['name']})" if m.get("name") else ""), align="left")
+        if m.get("content"):
+            console.print(str(m["content"]), markup=False, highlight=False)
+        for call in m.get("tool_calls") or []:
+            fn = call.get("function", call)
+            console.print(f"-> tool call {fn.get('name')}({fn.get('arguments')})", markup=False, highlight=False)
+    console.rule(align="left")
+    verdict = "passed" if d.get("passed") else "not passed"
+    console.print(f"reward {float(d.get('reward') or 0):.3f} ({verdict}), finish {d.get('finish_reason')}, "
+                  f"turns {d.get('num_turns')}", markup=False)
+    reason = (d.get("details") or {}).get("reason") or (d.get("details") or {}).get("verdict")
+    if reason:
+        console.print(f"reason: {reason}", markup=False)
+    if d.get("error"):
+        console.print(f"error: {d['error']}", markup=False)
+
+
+def remove_own_sandboxes() -> int:
+    """Last-resort cleanup before an immediate exit: kill this process's children (bwrap and what runs in it) and
+    remove the sandbox state directories this process owns. Returns how many directories it removed."""
+    import signal
+
+    me = os.getpid()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+            if int(stat[stat.rindex(b")") + 2:].split()[1]) == me:
+                os.kill(int(entry), signal.SIGKILL)
+        except (OSError, ValueError):
+            continue
+    from envhub.sandbox.common import sandbox_root
+
+    removed = 0
+    root = sandbox_root()
+    for name in os.listdir(root):
+        d = os.path.join(root, name)
+        try:
+            with open(os.path.join(d, "owner")) as f:
+                if int(f.read().split()[0]) != me:
+                    continue
+        except (OSError, ValueError, IndexError):
+            continue
+        from envhub.sandbox import quota
+
+        quota.unmount_under(d)
+        shutil.rmtree(d, ignore_errors=True)
+        removed += 1
+    return removed
