@@ -98,8 +98,13 @@ def prorl_fields(traj: Any, turns: list[tuple[int, int, int]]) -> dict[str, Any]
     ``success``        the rollout ran to its end without a failure (ProRL's run result), same test
     =================  ====================================================================================
     """
-    messages, trailing = prorl_messages(traj.messages, turns, traj.prompt_ids, traj.response_ids,
-                                        traj.response_logprobs)
+    if not traj.ok:
+        # ProRL's clients train on every assistant message's tokens: a failed episode (error, timeout, cancelled)
+        # gets none, as ProRL's own failed jobs (its text log rides in ``trailing_messages``; see Trajectory.loss_mask)
+        messages, trailing = [], [dict(m) for m in traj.messages]
+    else:
+        messages, trailing = prorl_messages(traj.messages, turns, traj.prompt_ids, traj.response_ids,
+                                            traj.response_logprobs)
     done = traj.finish_reason == "done"
     return {"messages": messages, "trailing_messages": trailing, "score": float(traj.reward),
             "end_properly": done, "finish": done, "success": done}

@@ -136,15 +136,23 @@ def test_no_logprobs_requested_gives_none_like_openrlhf(references, agent_execut
 
 
 def test_token_budget_cut_is_truncated(references, agent_executor, tiny_tokenizer):
+    """``truncated`` with OpenRLHF 0.11's meaning (``AgentExecutorBase.execute``: the last generation's
+    ``finish_reason == "length"``): a budget that cuts the second model turn is truncated; one that runs out right
+    after it ended on its own (its end-of-turn token in, the env reply not) is not (#13; before, both were)."""
     ref = next(r for r in references if r.num_turns > 2)
-    engine = ReplayVLLMEngine(Replay([ref]), tiny_tokenizer)
-    budget = len(ref.prompt_ids) + ref.action_ranges[1][0] + 2  # ends two tokens into the second model turn
-    resp = asyncio.run(agent_executor.execute(prompt="p", label=label_of(ref),
-                                              sampling_params=openrlhf_sampling_params(), max_length=budget,
-                                              hf_tokenizer=tiny_tokenizer, llm_engine=engine))
-    assert len(resp["observation_tokens"]) == budget
-    assert resp["observation_tokens"] == (ref.prompt_ids + ref.response_ids)[:budget]
-    assert resp["truncated"] is True and resp["action_ranges"][-1][1] == budget
+    start, end = ref.action_ranges[1]
+    assert end - start >= 2
+    for cut_at, truncated in ((start + 1, True), (end, False)):
+        engine = ReplayVLLMEngine(Replay([ref]), tiny_tokenizer)
+        budget = len(ref.prompt_ids) + cut_at
+        resp = asyncio.run(agent_executor.execute(prompt="p", label=label_of(ref),
+                                                  sampling_params=openrlhf_sampling_params(), max_length=budget,
+                                                  hf_tokenizer=tiny_tokenizer, llm_engine=engine))
+        assert len(resp["observation_tokens"]) == budget
+        assert resp["observation_tokens"] == (ref.prompt_ids + ref.response_ids)[:budget]
+        assert resp["action_ranges"][-1][1] == budget
+        assert resp["truncated"] is truncated, cut_at
+        assert build_experience(resp).truncated.tolist() == [truncated]
 
 
 def test_bad_label_keeps_a_well_formed_untrained_row(agent_executor, tiny_tokenizer):
