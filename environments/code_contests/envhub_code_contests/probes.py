@@ -51,7 +51,8 @@ def bash_then_finish(command_of):
 # installed distributions' file lists (``importlib.metadata``: a dist-info stays visible even where a package
 # directory is hidden), editable-install finders (they name the source directories), paths on the command lines of
 # the sandbox's processes (the action server's names its interpreter and packages), anything called *contest* in
-# those package directories, a walk of the usual data directories, and finally the plugin's own loader.
+# those package directories, a walk of every mount point (each host directory bound in is one, wherever the host
+# keeps it), then of the usual data directories, and finally the plugin's own loader.
 _FINDER = dedent('''\
     import glob, importlib.metadata as md, json, os, re, sys, time
 
@@ -84,7 +85,16 @@ _FINDER = dedent('''\
             roots.update(os.path.join(d, e) for e in os.listdir(d) if "contest" in e.lower())
         roots.update(["/testbed", "/tmp", "/run", "/etc", "/opt", "/srv", "/home", "/root", "/work", "/mnt", "/data",
                       "/var"])
-        for root in sorted(r for r in roots if os.path.isdir(r)):
+        mounts = set()  # every bind into this sandbox is a mount point: the most specific places to look first
+        try:
+            for line in open("/proc/self/mountinfo"):
+                point = line.split()[4].replace("\\\\040", " ")
+                if point != "/" and not point.startswith(("/proc", "/sys", "/dev")):
+                    mounts.add(point)
+        except OSError:
+            pass
+        ordered = sorted(mounts, key=lambda m: (-m.count("/"), m)) + sorted(roots - mounts)
+        for root in (r for r in ordered if os.path.isdir(r)):
             for r, dirs, fs in os.walk(root):
                 if time.time() > deadline:
                     break
