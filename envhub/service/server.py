@@ -106,10 +106,13 @@ class ServerThread:
     """
 
     def __init__(self, service: Any, *, host: str = "127.0.0.1", port: int = 0, token: str | None = None,
-                 autostart: bool = True, log_level: str = "warning", **limits: Any):
+                 autostart: bool = True, log_level: str = "warning", make: Any = None, **limits: Any):
         self.service = service
-        self.server = make_server(service, host=host, port=port, token=token, autostart=autostart,
-                                  log_level=log_level, **limits)
+        if make is None:  # the rollout service; the gateway passes its own (envhub.gateway.server.make_server)
+            self.server = make_server(service, host=host, port=port, token=token, autostart=autostart,
+                                      log_level=log_level, **limits)
+        else:
+            self.server = make(service, host=host, port=port, token=token, log_level=log_level, **limits)
         self.server.config.install_signal_handlers = False  # uvicorn < 0.29 reads this; newer ones skip in threads
         self.sock = bind(host, port)
         self.host = host

@@ -1,0 +1,266 @@
+"""The gateway's HTTP API: a plain ASGI app over :class:`~envhub.gateway.core.Gateway` (no framework: a provider call
+must add only a millisecond or two, and the body is parsed once, as the client sent it).
+
+Model routes (session identified by ``Authorization: Bearer <session key>`` or ``x-api-key``; or, for clients that
+cannot set a key, by a ``/s/<session key>`` path prefix before any of them):
+
+====================================  ==============================================================================
+``POST /v1/chat/completions``         OpenAI Chat Completions (also without ``/v1``)
+``POST /v1/responses``                OpenAI Responses (also without ``/v1``)
+``POST /v1/messages``                 Anthropic Messages (``?beta=true`` accepted)
+``POST /v1/messages/count_tokens``    Anthropic token count (the canonical rendering's length)
+``GET /v1/models``                    the served model name
+====================================  ==============================================================================
+
+AReaL's control routes, same paths, bodies and replies (``../shared/research`` §1.2), so an AReaL-style client
+works unchanged; admin routes need the admin key (``--token``) when one is set:
+
+====================================  ==============================================================================
+``POST /grant_capacity``              admin: capacity + 1 → ``{"capacity": n}``
+``POST /rl/start_session``            admin: ``{task_id, api_key?}`` → ``{session_id, api_key}`` (429 no capacity,
+                                      409 key bound to an active session, 400 admin key as session key)
+``POST /rl/set_reward``               session: ``{interaction_id?, reward}`` → ``{"message": "success"}``
+``POST /rl/end_session``              session: → ``{"message": "success", "interaction_count": n}`` (410 twice)
+``POST /export_trajectories``         admin: ``{session_id, discount, style}``; waits for the session to end, then
+                                      AReaL's serialized interactions (:mod:`envhub.gateway.areal`) and forgets it
+====================================  ==============================================================================
+
+envhub's own session API (admin): ``POST /sessions`` ``{task_id?}`` → ``{session_id, api_key}``;
+``GET /sessions/<id>`` → calls, chains and why each began, flags; ``POST /sessions/<id>/trajectories``
+``{builder, reward, discount}`` → ``{"trajectories": [Trajectory dicts]}``; ``DELETE /sessions/<id>``;
+``POST /rl/set_version`` ``{version}`` (the policy version recorded on later calls); ``GET /metrics``.
+
+Errors come in the caller's provider shape (OpenAI ``{"error": {...}}``, Anthropic ``{"type": "error", ...}``) with a
+message a person can act on: malformed JSON or fields (400), no or unknown session key (401), body over the cap
+(413), ``n > 1`` or a forced ``tool_choice`` (400), context too long (400, ``context_length_exceeded``), backend
+failure (502; the session is marked ``upstream_failure``). The gateway keeps serving after each.
+"""
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+from typing import Any
+
+from envhub.gateway import areal
+from envhub.gateway.builders import build, summary
+from envhub.gateway.core import Gateway, UpstreamError
+from envhub.gateway.dialects import anthropic, chat, responses
+from envhub.gateway.messages import BadRequest
+from envhub.service.limits import DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, RequestGuard
+
+log = logging.getLogger(__name__)
+MODEL_ROUTES = {"/v1/chat/completions": chat, "/chat/completions": chat, "/v1/responses": responses,
+                "/responses": responses, "/v1/messages": anthropic, "/messages": anthropic}
+COUNT_ROUTES = ("/v1/messages/count_tokens", "/messages/count_tokens")
+
+
+class HTTPError(Exception):
+    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.status, self.param, self.code = status, param, code
+
+
+class GatewayApp:
+    """ASGI app: ``GatewayApp(gateway, admin_key=None)`` (see the module docstring for the routes)."""
+
+    def __init__(self, gateway: Gateway, *, admin_key: str | None = None, model_name: str = "envhub",
+                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S):
+        self.gw, self.admin_key, self.model_name = gateway, admin_key, model_name
+        self.max_body, self.body_timeout = int(max_body_bytes), float(body_timeout_s)
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while (await receive())["type"] != "lifespan.shutdown":
+                await send({"type": "lifespan.startup.complete"})
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+        if scope["type"] != "http":
+            return
+        path, method = scope["path"], scope["method"]
+        headers = {k.lower(): v for k, v in scope.get("headers", [])}
+        key = _key_of(headers)
+        if path.startswith("/s/"):  # /s/<session key>/v1/...: the URL-path fallback
+            _, _, rest = path.partition("/s/")
+            key, _, tail = rest.partition("/")
+            path = "/" + tail
+        dialect = MODEL_ROUTES.get(path) or (anthropic if path in COUNT_ROUTES else chat)
+        try:
+            if method in ("GET", "HEAD"):
+                return await _send(send, 200, self._get(path, key))
+            if method == "DELETE" and path.startswith("/sessions/"):
+                self._admin(key)
+                self.gw.drop_session(self._session_by_id(path.split("/")[2]))
+                return await _send(send, 200, {"message": "success"})
+            if method != "POST":
+                raise HTTPError(405, f"{method} {path} is not served")
+            refused = RequestGuard._cross_site(headers, scope)
+            if refused:
+                raise HTTPError(403, refused)
+            body = await self._body(headers, receive)
+            if path in MODEL_ROUTES:
+                return await self._model_call(send, dialect, body, key)
+            if path in COUNT_ROUTES:
+                session = self._session(key)
+                req = anthropic.parse(body, counting=True)
+                session.touch()
+                return await _send(send, 200, {"input_tokens": self.gw.count_tokens(req)})
+            return await _send(send, 200, await self._control(path, body, key))
+        except BadRequest as e:
+            err = HTTPError(e.status, str(e), param=e.param, code=e.code)
+        except HTTPError as e:
+            err = e
+        except UpstreamError as e:
+            err = HTTPError(502, str(e))
+        except Exception as e:  # a bug of ours: the client gets a 500 it can report, the gateway keeps serving
+            log.exception("gateway: %s %s failed", method, path)
+            err = HTTPError(500, f"internal gateway error: {type(e).__name__}: {e}")
+        await _send(send, err.status, dialect.error(err.status, str(err), param=err.param, code=err.code))
+
+    # ---- plumbing ---------------------------------------------------------------------------------------------
+    async def _body(self, headers: dict, receive: Any) -> dict[str, Any]:
+        ctype = headers.get(b"content-type", b"application/json").split(b";")[0].strip().lower()
+        if ctype != b"application/json":
+            raise HTTPError(415, f"the body must be JSON (Content-Type: application/json), got {ctype.decode()!r}")
+        length = headers.get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.max_body:
+            raise HTTPError(413, f"request body of {int(length)} bytes is over this gateway's limit of "
+                                 f"{self.max_body} bytes (envhub gateway --max-body-mb)")
+        chunks, size, more = [], 0, True
+        while more:
+            try:
+                msg = await asyncio.wait_for(receive(), self.body_timeout)
+            except asyncio.TimeoutError:
+                raise HTTPError(408, f"the request body was not complete within {self.body_timeout:g} s") from None
+            if msg["type"] == "http.disconnect":
+                raise asyncio.CancelledError
+            chunks.append(msg.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.max_body:
+                raise HTTPError(413, f"request body is over this gateway's limit of {self.max_body} bytes")
+            more = msg.get("more_body", False)
+        raw = b"".join(chunks)
+        try:
+            body = json.loads(raw) if raw else {}
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise HTTPError(400, f"the body is not valid JSON: {e}") from None
+        if not isinstance(body, dict):
+            raise HTTPError(400, f"the body must be a JSON object, got {type(body).__name__}")
+        return body
+
+    def _session(self, key: str | None) -> Any:
+        if not key:
+            raise HTTPError(401, "no session key: send 'Authorization: Bearer <session key>' (or x-api-key), or "
+                                 "use the /s/<session key>/ path prefix; POST /rl/start_session issues keys")
+        session = self.gw.session_for_key(key)
+        if session is None:
+            raise HTTPError(401, "invalid or expired session API key")
+        return session
+
+    def _session_by_id(self, sid: str) -> Any:
+        session = self.gw.sessions.get(sid)
+        if session is None:
+            raise HTTPError(404, f"session {sid} not found")
+        return session
+
+    def _admin(self, key: str | None) -> None:
+        if self.admin_key is not None and not hmac.compare_digest((key or "").encode(), self.admin_key.encode()):
+            raise HTTPError(403, "invalid admin API key")
+
+    async def _model_call(self, send: Any, dialect: Any, body: dict[str, Any], key: str | None) -> None:
+        session = self._session(key)
+        req = dialect.parse(body)
+        result = await self.gw.complete(session, req)
+        if not req.stream:
+            return await _send(send, 200, dialect.reply(result, req, body))
+        events = dialect.stream(result, req, body)
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
+                                (b"content-length", str(sum(map(len, events))).encode())]})
+        await send({"type": "http.response.body", "body": b"".join(events)})
+
+    def _get(self, path: str, key: str | None) -> dict[str, Any]:
+        if path in ("/health", "/healthz"):
+            return {"status": "ok", "initialized": True}
+        if path in ("/v1/models", "/models"):
+            return {"object": "list", "data": [{"id": self.model_name, "object": "model", "created": 0,
+                                                "owned_by": "envhub"}]}
+        if path == "/metrics":
+            return {**self.gw.stats, "sessions": len(self.gw.sessions), "capacity": self.gw.capacity}
+        if path.startswith("/sessions/"):
+            self._admin(key)
+            return summary(self._session_by_id(path.split("/")[2]))
+        raise HTTPError(404, f"GET {path} is not served")
+
+    async def _control(self, path: str, body: dict[str, Any], key: str | None) -> dict[str, Any]:
+        gw = self.gw
+        if path == "/grant_capacity":
+            self._admin(key)
+            gw.capacity = (gw.capacity or 0) + 1
+            return {"capacity": gw.capacity}
+        if path in ("/rl/start_session", "/sessions"):
+            self._admin(key)
+            if path == "/rl/start_session":
+                if gw.capacity is None or gw.capacity <= 0:
+                    raise HTTPError(429, "No available capacity to start a new session")
+                if not isinstance(body.get("task_id"), str):
+                    raise HTTPError(400, "task_id (a string) is required", param="task_id")
+            api_key = body.get("api_key")
+            if api_key is not None and self.admin_key is not None and api_key == self.admin_key:
+                raise HTTPError(400, "Cannot use the admin API key as a session key.")
+            session = gw.start_session(str(body.get("task_id") or ""), api_key=api_key, task=body.get("task"))
+            if path == "/rl/start_session":
+                gw.capacity -= 1
+            return {"session_id": session.session_id, "api_key": session.api_key}
+        if path == "/rl/set_version":
+            self._admin(key)
+            gw.policy_version = int(body.get("version", gw.policy_version + 1))
+            return {"version": gw.policy_version}
+        if path == "/rl/set_reward":
+            session = self._session(key)
+            if session.ended:
+                raise HTTPError(410, f"Session {session.session_id} already ended or expired")
+            reward = body.get("reward")
+            if isinstance(reward, bool) or not isinstance(reward, (int, float)):
+                raise HTTPError(400, "reward (a number) is required", param="reward")
+            gw.set_reward(session, float(reward), body.get("interaction_id"))
+            return {"message": "success"}
+        if path == "/rl/end_session":
+            session = self._session(key)
+            if session.ended:
+                raise HTTPError(410, "Session already ended or expired")
+            gw.end_session(session)
+            return {"message": "success", "interaction_count": sum(c.ok for c in session.calls)}
+        if path == "/export_trajectories":
+            self._admin(key)
+            session = self._session_by_id(str(body.get("session_id")))
+            assert session.ended_event is not None
+            await session.ended_event.wait()  # AReaL blocks until the session ends
+            try:
+                return {"interactions": areal.export(session, discount=float(body.get("discount", 1.0)),
+                                                     style=str(body.get("style", "individual")))}
+            finally:
+                gw.drop_session(session)
+        if path.startswith("/sessions/") and path.endswith("/trajectories"):
+            self._admin(key)
+            session = self._session_by_id(path.split("/")[2])
+            trajs = build(session, str(body.get("builder", "prefix_merging")), reward=str(body.get("reward", "outcome")),
+                          discount=float(body.get("discount", 1.0)))
+            return {"trajectories": [t.to_dict() for t in trajs], "summary": summary(session)}
+        raise HTTPError(404, f"POST {path} is not served")
+
+
+def _key_of(headers: dict) -> str | None:
+    auth = headers.get(b"authorization", b"").decode("latin-1")
+    if auth[:7].lower() == "bearer ":
+        return auth[7:].strip()
+    x = headers.get(b"x-api-key")
+    return x.decode("latin-1").strip() if x else None
+
+
+async def _send(send: Any, status: int, payload: dict[str, Any]) -> None:
+    body = json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,167 @@
+"""Trajectory builders over a session's calls: ``per_request`` and ``prefix_merging`` (Polar's names).
+
+Both return envhub :class:`~envhub.rollout.trajectory.Trajectory` objects, so ``to_tensors``, the fidelity check
+and both trainer adapters consume them unchanged; per-token policy versions ride in ``details["versions"]``
+(aligned with ``response_ids``; ``-1`` on context tokens, as AReaL's ``versions`` tensor).
+
+``per_request``: every finished call is one trajectory (prompt ids, then the sampled ids, all trainable).
+
+``prefix_merging``: calls form a forest (a call's ``parent`` is the call it extends; its prompt starts with the
+parent's prompt + sampled ids, by construction). Each root-to-leaf path is one trajectory: the root's prompt, then
+every call's sampled ids (mask 1, their logprobs) with the rendered new messages between them (mask 0). A prefix
+shared by several leaves (a retried call, a fork) is trained once: in the first leaf that holds it (the main
+chain's first), masked in the others. Roles: ``main`` is the leaf path with the most calls that had tools (ties:
+the earliest root), ``aux`` a path whose calls had no tools (title generators, compaction summaries), ``sub`` the
+rest (sub-agents, post-compaction continuations). A leaf that is a retried sibling nobody extended (the harness
+abandoned that answer) is built with ``finish_reason="cancelled"``: recorded, never trained.
+
+**Rewards** (``reward=``): ``"outcome"`` (default) gives every trajectory of the session the last reward set
+(AReaL's ``set_reward`` with no interaction id, i.e. the episode's outcome), as slime and Polar broadcast it;
+``"discount"`` applies AReaL's turn discount over the calls in order (``r[i] += r[i+1] * discount``) and a merged
+trajectory takes its leaf's value (``step_rewards`` lists each call's). Sessions flagged ``upstream_failure`` at
+their last call, or with a call aborted mid-generation, are built with ``finish_reason="error"`` (kept, never
+trained: ``Trajectory.loss_mask``); ``mixed_policy_versions`` is kept in ``details["flags"]`` with the versions.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from envhub.gateway.records import CallRecord, Session
+from envhub.rollout.trajectory import Trajectory
+
+log = logging.getLogger(__name__)
+BUILDERS = ("per_request", "prefix_merging")
+
+
+def call_rewards(session: Session, mode: str = "outcome", discount: float = 1.0) -> dict[str, float]:
+    """Reward per finished call under ``mode`` (see module docstring)."""
+    done = [c for c in session.calls if c.ok]
+    if mode == "outcome":
+        last = next((c.reward for c in reversed(done) if c.reward is not None), None)
+        return {c.call_id: float(last or 0.0) for c in done}
+    if mode != "discount":
+        raise ValueError(f"reward mode must be 'outcome' or 'discount', got {mode!r}")
+    if done and done[-1].reward is None:
+        log.warning("session %s: the last interaction has no reward; using 0", session.session_id)
+    out, running = {}, 0.0
+    for c in reversed(done):
+        running = (c.reward or 0.0) + running * discount
+        out[c.call_id] = running
+    return out
+
+
+def _base(session: Session) -> dict[str, Any]:
+    return {"env_id": "gateway", "task_id": session.task_id or session.session_id}
+
+
+def _finish(session: Session, leaf: CallRecord) -> tuple[str, str | None]:
+    if "aborted_call" in session.flags:
+        return "error", "a call was aborted mid-generation (the client went away)"
+    failed = [c for c in session.calls if c.error]
+    if failed and failed[-1] is session.calls[-1]:
+        return "error", f"the session ended on a failed model call: {failed[-1].error}"
+    return ("length" if leaf.finish_reason == "length" else "done"), None
+
+
+def _details(session: Session, calls: list[CallRecord], role: str, versions: list[int]) -> dict[str, Any]:
+    tools = calls[0].tools_key
+    d: dict[str, Any] = {"session_id": session.session_id, "chain_role": role, "calls": [c.call_id for c in calls],
+                         "versions": versions, "flags": list(session.flags)}
+    if tools != "[]":
+        d["tools"] = tools
+    if calls[0].break_reason:
+        d["chain_reason"] = calls[0].break_reason
+    return d
+
+
+def per_request(session: Session, *, reward: str = "outcome", discount: float = 1.0) -> list[Trajectory]:
+    rewards = call_rewards(session, reward, discount)
+    out = []
+    for c in (c for c in session.calls if c.ok):
+        finish, error = _finish(session, c)
+        out.append(Trajectory(**_base(session), prompt_ids=list(c.prompt_ids), response_ids=list(c.sampled_ids),
+                              response_mask=[1] * len(c.sampled_ids), response_logprobs=list(c.logprobs),
+                              reward=rewards[c.call_id], step_rewards=[rewards[c.call_id]], num_turns=1,
+                              finish_reason=finish, error=error, truncated=c.finish_reason == "length",
+                              policy_version=c.policy_version, messages=c.context + [c.reply],
+                              details=_details(session, [c], "request", [c.policy_version] * len(c.sampled_ids))))
+    return out
+
+
+def chains(session: Session) -> list[list[CallRecord]]:
+    """Root-to-leaf paths of finished calls, main chain first (see module docstring)."""
+    done = {c.call_id: c for c in session.calls if c.ok}
+    children: dict[str, list[CallRecord]] = {}
+    for c in done.values():
+        if c.parent in done:
+            children.setdefault(c.parent, []).append(c)
+    paths = []
+    for c in done.values():
+        if c.call_id in children:
+            continue
+        path = [c]
+        while path[0].parent in done:
+            path.insert(0, done[path[0].parent])
+        paths.append(path)
+    order = {c.call_id: i for i, c in enumerate(session.calls)}
+    paths.sort(key=lambda p: (-sum(c.has_tools for c in p), -len(p), order[p[0].call_id], order[p[-1].call_id]))
+    return paths
+
+
+def _abandoned(leaf: CallRecord, session: Session) -> bool:
+    """A retried sibling nobody extended: another finished call has the same prompt and was extended."""
+    extended = {c.parent for c in session.calls if c.ok and c.parent}
+    return leaf.call_id not in extended and any(
+        c is not leaf and c.ok and c.call_id in extended and c.prompt_ids == leaf.prompt_ids for c in session.calls)
+
+
+def prefix_merging(session: Session, *, reward: str = "outcome", discount: float = 1.0) -> list[Trajectory]:
+    rewards = call_rewards(session, reward, discount)
+    trained: set[str] = set()
+    out = []
+    for n, path in enumerate(chains(session)):
+        root, leaf = path[0], path[-1]
+        role = "main" if n == 0 else ("aux" if not any(c.has_tools for c in path) else "sub")
+        ids = list(leaf.prompt_ids) + list(leaf.sampled_ids)
+        start = len(root.prompt_ids)
+        mask, lps, versions = [0] * (len(ids) - start), [0.0] * (len(ids) - start), [-1] * (len(ids) - start)
+        abandoned = _abandoned(leaf, session)
+        for c in path:
+            at = len(c.prompt_ids) - start
+            if ids[start + at: start + at + len(c.sampled_ids)] != c.sampled_ids:  # the splice invariant
+                raise AssertionError(f"call {c.call_id}: its sampled ids are not where its chain puts them")
+            for j, lp in enumerate(c.logprobs):
+                versions[at + j] = c.policy_version
+                if c.call_id not in trained and not abandoned:
+                    mask[at + j], lps[at + j] = 1, lp
+            if not abandoned:
+                trained.add(c.call_id)
+        finish, error = _finish(session, leaf)
+        if abandoned and finish != "error":
+            finish, error = "cancelled", "a retried call the harness did not continue: recorded, not trained"
+        versions_used = {c.policy_version for c in path}
+        out.append(Trajectory(**_base(session), prompt_ids=list(root.prompt_ids), response_ids=ids[start:],
+                              response_mask=mask, response_logprobs=lps, reward=rewards[leaf.call_id],
+                              step_rewards=[rewards[c.call_id] for c in path], num_turns=len(path),
+                              finish_reason=finish, error=error, truncated=leaf.finish_reason == "length",
+                              policy_version=next(iter(versions_used)) if len(versions_used) == 1 else None,
+                              messages=leaf.context + [leaf.reply], details=_details(session, path, role, versions)))
+    return out
+
+
+def build(session: Session, builder: str = "prefix_merging", **kw: Any) -> list[Trajectory]:
+    if builder == "per_request":
+        return per_request(session, **kw)
+    if builder == "prefix_merging":
+        return prefix_merging(session, **kw)
+    raise ValueError(f"builder must be one of {BUILDERS}, got {builder!r}")
+
+
+def summary(session: Session) -> dict[str, Any]:
+    """What a person checks first: calls, chains and why each one started, flags."""
+    paths = chains(session)
+    return {"session_id": session.session_id, "calls": len(session.calls), "chains": len(paths),
+            "roots": [{"call": c.call_id, "reason": c.break_reason} for c in session.calls if c.parent is None],
+            "flags": session.flags, "tools": json.loads(paths[0][0].tools_key) if paths else []}

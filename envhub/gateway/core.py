@@ -1,0 +1,263 @@
+"""The gateway's core: sessions, exact-token calls to any :class:`~envhub.backends.base.LLMBackend`, rewards.
+
+Dialects (:mod:`envhub.gateway.dialects`) turn a provider request into a :class:`ChatRequest`; :meth:`Gateway.complete`
+does the rest and returns a :class:`ChatResult` the dialect turns back into the provider's reply. The gateway owns
+rendering and tokenization with the model's real chat template (:class:`~envhub.rollout.chat.ChatCodec`), so every
+backend works behind it, scripted and transformers included.
+
+**Exact tokens by construction.** When a request extends an earlier call (:func:`envhub.gateway.matching.resolve`),
+the backend is given ``parent prompt ids + the ids sampled then + the delta rendering of the new messages``
+(``ChatCodec.delta_ids``): the model's own earlier output is never re-tokenized, so the context it is conditioned
+on is exactly the context a trainer recomputes. Anything else is rendered canonically and opens a new chain, with
+the reason recorded on the call. Every ``drift_every``-th spliced call is also rendered canonically and compared:
+``stats["drift"] / stats["drift_checks"]`` is how often a re-rendering gateway would have fed the model other
+tokens than it sampled (the drift this design removes).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from envhub.backends.base import LLMBackend, SamplingParams
+from envhub.gateway.matching import resolve
+from envhub.gateway.messages import BadRequest, prepare
+from envhub.gateway.records import CallRecord, Session, new_id, new_key
+
+log = logging.getLogger(__name__)
+
+
+class UpstreamError(RuntimeError):
+    """The backend failed during a call: the client gets a 502 in its provider's shape; the session is marked."""
+
+
+@dataclass
+class ChatRequest:
+    """A model call in the gateway's own terms (what every dialect translates to)."""
+
+    dialect: str
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None = None       # OpenAI function tools
+    params: SamplingParams = field(default_factory=SamplingParams)
+    max_tokens_given: bool = False
+    stream: bool = False
+    model: str = ""
+
+
+@dataclass
+class ChatResult:
+    call: CallRecord
+    text: str
+    tool_calls: list[dict[str, Any]]                # OpenAI tool calls, ids minted by the gateway
+    finish_reason: str                              # "stop" | "length" | "tool_calls"
+
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self.call.prompt_ids)
+
+    @property
+    def completion_tokens(self) -> int:
+        return len(self.call.sampled_ids)
+
+
+class Gateway:
+    """Sessions and calls (the HTTP app in :mod:`envhub.gateway.app` is a thin layer over this).
+
+    Args:
+        backend: any :class:`LLMBackend`.
+        tokenizer: the model's tokenizer (its chat template renders every prompt).
+        parser: tool-call parser name (``"auto"``: from the template).
+        max_model_len: prompt + completion budget; longer prompts get the provider's context-length error.
+        default_max_tokens: completion budget when the request names none.
+        drift_every: compare a canonical rendering with the spliced prompt on every n-th spliced call (0: never).
+        session_timeout_s: sessions idle this long are dropped when new ones start (AReaL: one hour).
+        capacity: AReaL's staleness counter for ``/rl/start_session`` (``None``: unlimited).
+    """
+
+    def __init__(self, backend: LLMBackend, tokenizer: Any, *, parser: str = "auto", max_model_len: int = 32768,
+                 default_max_tokens: int = 1024, drift_every: int = 8, session_timeout_s: float = 3600.0,
+                 capacity: int | None = None):
+        self.backend, self.tokenizer, self.parser = backend, tokenizer, parser
+        self.max_model_len, self.default_max_tokens = int(max_model_len), int(default_max_tokens)
+        self.drift_every, self.session_timeout_s = int(drift_every), float(session_timeout_s)
+        self.capacity = capacity
+        self.policy_version = 0
+        self.sessions: dict[str, Session] = {}
+        self.keys: dict[str, str] = {}
+        self.stats = {"calls": 0, "spliced": 0, "new_chains": 0, "errors": 0, "drift_checks": 0, "drift": 0}
+        self._scripted = getattr(backend, "name", "") == "scripted"
+        self._codecs: dict[str, Any] = {}
+
+    # ---- sessions ---------------------------------------------------------------------------------------------
+    def start_session(self, task_id: str = "", *, task: Any = None, api_key: str | None = None,
+                      session_id: str | None = None) -> Session:
+        self._sweep()
+        if api_key is not None and api_key in self.keys:
+            old = self.sessions.get(self.keys[api_key])
+            if old is not None and not old.ended:
+                raise BadRequest(f"API key is already bound to active session {old.session_id}", status=409)
+            self.keys.pop(api_key, None)
+        if session_id is None:
+            i = 0
+            while (session_id := f"{task_id or 'session'}-{i}") in self.sessions:
+                i += 1
+        elif session_id in self.sessions:
+            raise BadRequest(f"session {session_id!r} exists", status=409)
+        key = api_key or new_key()
+        session = Session(session_id, key, task_id=task_id, task=task, ended_event=asyncio.Event(),
+                          lock=asyncio.Lock())
+        self.sessions[session_id], self.keys[key] = session, session_id
+        return session
+
+    def session_for_key(self, key: str) -> Session | None:
+        sid = self.keys.get(key)
+        return self.sessions.get(sid) if sid is not None else None
+
+    def end_session(self, session: Session) -> None:
+        session.ended = True
+        if session.ended_event is not None:
+            session.ended_event.set()
+        if session.backend_codec is not None:
+            self.backend.close_session(session.session_id)
+
+    def drop_session(self, session: Session) -> None:
+        if not session.ended:
+            self.end_session(session)
+        self.sessions.pop(session.session_id, None)
+        self.keys.pop(session.api_key, None)
+
+    def _sweep(self) -> None:
+        now = time.monotonic()
+        for s in [s for s in self.sessions.values() if now - s.last_access > self.session_timeout_s]:
+            log.info("gateway: dropping session %s, idle for %.0f s", s.session_id, now - s.last_access)
+            self.drop_session(s)
+
+    def set_reward(self, session: Session, reward: float, call_id: str | None = None) -> CallRecord:
+        done = [c for c in session.calls if c.ok]
+        if call_id is None:
+            if not done:
+                raise BadRequest("no interactions in session")
+            call = done[-1]
+        else:
+            found = session.by_id.get(call_id)
+            if found is None:
+                raise BadRequest(f"interaction {call_id} not found")
+            call = found
+        call.reward = float(reward)
+        return call
+
+    # ---- calls ------------------------------------------------------------------------------------------------
+    def codec_for(self, tools: list[dict[str, Any]] | None) -> Any:
+        from envhub.rollout.chat import ChatCodec
+
+        k = tools_key(tools)
+        codec = self._codecs.get(k)
+        if codec is None:
+            codec = self._codecs[k] = ChatCodec.shared(self.tokenizer, tools=tools or None, parser=self.parser)
+        return codec
+
+    def count_tokens(self, req: ChatRequest) -> int:
+        codec = self.codec_for(req.tools)
+        return len(codec.prompt_ids(self._opening(codec, prepare(req.messages))))
+
+    async def complete(self, session: Session, req: ChatRequest) -> ChatResult:
+        """One model call: find the chain it extends, build its prompt ids, sample, parse, record."""
+        from envhub.rollout.chat import ChatTemplateError
+
+        if session.ended:
+            raise BadRequest(f"session {session.session_id} already ended", status=410)
+        session.touch()
+        messages = prepare(req.messages)
+        codec = self.codec_for(req.tools)
+        tk = tools_key(req.tools)
+        parent, reason = resolve(session, messages, tk)
+        try:
+            if parent is not None:
+                k = len(parent.request)
+                new = messages[k + 1:]
+                history = parent.context + [parent.reply]
+                delta = codec.delta_ids(history, new, sampled_eos=codec.ends_turn(parent.sampled_ids))
+                prompt = parent.prompt_ids + parent.sampled_ids + delta
+                context = history + new
+            else:
+                context = self._opening(codec, messages)
+                prompt = codec.prompt_ids(context)
+        except ChatTemplateError as e:
+            raise BadRequest(f"the model's chat template cannot render this conversation: {e}") from e
+        room = self.max_model_len - len(prompt)
+        if room <= 0:
+            raise BadRequest(f"this model's maximum context length is {self.max_model_len} tokens; the messages "
+                             f"take {len(prompt)}", code="context_length_exceeded")
+        params = req.params
+        params.max_tokens = min(params.max_tokens if req.max_tokens_given else self.default_max_tokens, room)
+        call = CallRecord(call_id=new_id(_ID_PREFIX.get(req.dialect, "call-")), dialect=req.dialect,
+                          prompt_ids=prompt, request=messages, context=context, tools_key=tk,
+                          parent=parent.call_id if parent else None, break_reason=reason,
+                          policy_version=self.policy_version, has_tools=bool(req.tools))
+        session.add(call)
+        self.stats["calls"] += 1
+        self.stats["spliced" if parent else "new_chains"] += 1
+        if parent is not None and self.drift_every and self.stats["spliced"] % self.drift_every == 1 % self.drift_every:
+            self.stats["drift_checks"] += 1
+            call.drift = codec.prompt_ids(context) != prompt
+            self.stats["drift"] += int(call.drift)
+        try:
+            gen = await self._generate(session, codec, call, params)
+        except asyncio.CancelledError:
+            call.error, call.finish_reason = "cancelled: the client went away", "error"
+            session.flag("aborted_call")
+            raise
+        except Exception as e:
+            self.stats["errors"] += 1
+            call.error, call.finish_reason = f"{type(e).__name__}: {e}", "error"
+            session.flag("upstream_failure")
+            log.warning("gateway: backend failed on %s/%s", session.session_id, call.call_id, exc_info=True)
+            raise UpstreamError(f"the model backend failed: {type(e).__name__}: {e}") from e
+        msg, _ = codec.assistant_message(gen.token_ids, stop=params.stop or None)
+        calls = []
+        for c in msg.get("tool_calls") or []:
+            c = dict(c, id=new_id("call_"))
+            session.issued_tool_ids[c["id"]] = call
+            calls.append(c)
+        reply: dict[str, Any] = {"role": "assistant", "content": msg.get("content") or ""}
+        if calls:
+            reply["tool_calls"] = calls
+        call.sampled_ids, call.logprobs = list(gen.token_ids), list(gen.logprobs)
+        call.finish_reason = "length" if gen.finish_reason == "length" else ("tool_calls" if calls else "stop")
+        call.reply = reply
+        if len({c.policy_version for c in session.calls if c.ok}) > 1:
+            session.flag("mixed_policy_versions")
+        return ChatResult(call, reply["content"], calls, call.finish_reason)
+
+    def _opening(self, codec: Any, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        note = codec.tool_prompt()
+        if not note:
+            return messages
+        from envhub.rollout.executor import with_system_note
+
+        return with_system_note(messages, note)
+
+    async def _generate(self, session: Session, codec: Any, call: CallRecord, params: SamplingParams) -> Any:
+        if not self._scripted:
+            if session.backend_codec is None:
+                session.backend_codec = codec
+                self.backend.open_session(session.session_id, task=session.task, messages=session.live, codec=codec)
+            return await self.backend.generate(call.prompt_ids, params, session_id=session.session_id)
+        # a scripted policy reads the conversation: one call at a time per session, with this call's context
+        assert session.lock is not None
+        async with session.lock:
+            if session.backend_codec is not codec:
+                session.backend_codec = codec
+                self.backend.open_session(session.session_id, task=session.task, messages=session.live, codec=codec)
+            session.live[:] = call.context
+            return await self.backend.generate(call.prompt_ids, params, session_id=session.session_id)
+
+
+_ID_PREFIX = {"chat": "chatcmpl-", "responses": "resp_", "anthropic": "msg_"}
+
+
+def tools_key(tools: list[dict[str, Any]] | None) -> str:
+    return json.dumps(tools or [], sort_keys=True, separators=(",", ":"))
