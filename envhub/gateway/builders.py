@@ -111,10 +111,14 @@ def chains(session: Session) -> list[list[CallRecord]]:
 
 
 def _abandoned(leaf: CallRecord, session: Session) -> bool:
-    """A retried sibling nobody extended: another finished call has the same prompt and was extended."""
+    """A retried call the harness did not go on with: a leaf whose prompt another finished call repeated, where that
+    other call was extended, or (nobody extended either) came later -- the harness answered with the newest."""
     extended = {c.parent for c in session.calls if c.ok and c.parent}
-    return leaf.call_id not in extended and any(
-        c is not leaf and c.ok and c.call_id in extended and c.prompt_ids == leaf.prompt_ids for c in session.calls)
+    if leaf.call_id in extended:
+        return False
+    order = {c.call_id: i for i, c in enumerate(session.calls)}
+    return any(c is not leaf and c.ok and c.prompt_ids == leaf.prompt_ids
+               and (c.call_id in extended or order[c.call_id] > order[leaf.call_id]) for c in session.calls)
 
 
 def prefix_merging(session: Session, *, reward: str = "outcome", discount: float = 1.0) -> list[Trajectory]:

@@ -176,12 +176,9 @@ class Gateway:
         parent, reason = resolve(session, messages, tk)
         try:
             if parent is not None:
-                k = len(parent.request)
-                new = messages[k + 1:]
-                history = parent.context + [parent.reply]
-                delta = codec.delta_ids(history, new, sampled_eos=codec.ends_turn(parent.sampled_ids))
-                prompt = parent.prompt_ids + parent.sampled_ids + delta
-                context = history + new
+                new = messages[len(parent.request) + 1:]
+                context = parent.context + [parent.reply] + new
+                prompt = self.splice(codec, parent, new)
             else:
                 context = self._opening(codec, messages)
                 prompt = codec.prompt_ids(context)
@@ -231,6 +228,15 @@ class Gateway:
         if len({c.policy_version for c in session.calls if c.ok}) > 1:
             session.flag("mixed_policy_versions")
         return ChatResult(call, reply["content"], calls, call.finish_reason)
+
+    @staticmethod
+    def splice(codec: Any, parent: CallRecord, new: list[dict[str, Any]]) -> list[int]:
+        """The prompt of a call that extends ``parent`` with ``new`` messages: the parent's prompt ids, the ids it
+        sampled (as sampled: never decoded and re-encoded), then the delta rendering of ``new`` (which closes the
+        parent's turn when the model did not sample its end-of-turn token)."""
+        history = parent.context + [parent.reply]
+        return parent.prompt_ids + parent.sampled_ids + codec.delta_ids(
+            history, new, sampled_eos=codec.ends_turn(parent.sampled_ids))
 
     def _opening(self, codec: Any, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         note = codec.tool_prompt()
