@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import importlib
 import json
+import sys
 from types import SimpleNamespace
 
 import click
 
-from envhub.cli.common import console
 
 
 def _policy(target: str | None):
@@ -53,9 +53,10 @@ def gateway_cmd(model, tokenizer, policy, host, port, token, served_name, max_mo
     gw = Gateway(backend, tok, max_model_len=max_model_len, default_max_tokens=max_tokens, capacity=capacity)
 
     def ready(bound: int) -> None:
-        console.print(json.dumps({"gateway": f"http://{host}:{bound}", "model": model, "tokenizer": tok_name,
-                                  "openai_base_url": f"http://{host}:{bound}/v1",
-                                  "anthropic_base_url": f"http://{host}:{bound}"}), highlight=False)
+        click.echo(json.dumps({"gateway": f"http://{host}:{bound}", "model": model, "tokenizer": tok_name,
+                               "openai_base_url": f"http://{host}:{bound}/v1",
+                               "anthropic_base_url": f"http://{host}:{bound}"}))  # one line: scripts parse it
+        sys.stdout.flush()
 
     serve(gw, host=host, port=port, token=token, on_ready=ready, model_name=served_name, log_level=log_level,
           max_body_bytes=int(max_body_mb * (1 << 20)) if max_body_mb else None)

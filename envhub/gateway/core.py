@@ -150,10 +150,10 @@ class Gateway:
         return call
 
     # ---- calls ------------------------------------------------------------------------------------------------
-    def codec_for(self, tools: list[dict[str, Any]] | None) -> Any:
+    def codec_for(self, tools: list[dict[str, Any]] | None, k: str | None = None) -> Any:
         from envhub.rollout.chat import ChatCodec
 
-        k = tools_key(tools)
+        k = tools_key(tools) if k is None else k
         codec = self._codecs.get(k)
         if codec is None:
             codec = self._codecs[k] = ChatCodec.shared(self.tokenizer, tools=tools or None, parser=self.parser)
@@ -171,8 +171,8 @@ class Gateway:
             raise BadRequest(f"session {session.session_id} already ended", status=410)
         session.touch()
         messages = prepare(req.messages)
-        codec = self.codec_for(req.tools)
         tk = tools_key(req.tools)
+        codec = self.codec_for(req.tools, tk)
         parent, reason = resolve(session, messages, tk)
         try:
             if parent is not None:
