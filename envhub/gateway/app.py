@@ -38,6 +38,7 @@ failure (502; the session is marked ``upstream_failure``). The gateway keeps ser
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import json
 import logging
@@ -100,7 +101,7 @@ class GatewayApp:
                 raise HTTPError(403, refused)
             body = await self._body(headers, receive)
             if path in MODEL_ROUTES:
-                return await self._model_call(send, dialect, body, key)
+                return await self._model_call(send, receive, dialect, body, key)
             if path in COUNT_ROUTES:
                 session = self._session(key)
                 req = anthropic.parse(body, counting=True)
@@ -168,10 +169,22 @@ class GatewayApp:
         if self.admin_key is not None and not hmac.compare_digest((key or "").encode(), self.admin_key.encode()):
             raise HTTPError(403, "invalid admin API key")
 
-    async def _model_call(self, send: Any, dialect: Any, body: dict[str, Any], key: str | None) -> None:
+    async def _model_call(self, send: Any, receive: Any, dialect: Any, body: dict[str, Any],
+                          key: str | None) -> None:
         session = self._session(key)
         req = dialect.parse(body)
-        result = await self.gw.complete(session, req)
+        # a client that goes away mid-generation must not leave a recorded turn it never received (slime): watch
+        # for the disconnect while the backend samples, and cancel the call if it comes first
+        call = asyncio.ensure_future(self.gw.complete(session, req))
+        gone = asyncio.ensure_future(_disconnected(receive))
+        await asyncio.wait([call, gone], return_when=asyncio.FIRST_COMPLETED)
+        if not call.done():
+            call.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await call
+            return
+        gone.cancel()
+        result = call.result()
         if not req.stream:
             return await _send(send, 200, dialect.reply(result, req, body))
         events = dialect.stream(result, req, body)
@@ -249,6 +262,11 @@ class GatewayApp:
                           discount=float(body.get("discount", 1.0)))
             return {"trajectories": [t.to_dict() for t in trajs], "summary": summary(session)}
         raise HTTPError(404, f"POST {path} is not served")
+
+
+async def _disconnected(receive: Any) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 def _key_of(headers: dict) -> str | None:

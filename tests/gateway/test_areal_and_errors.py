@@ -235,3 +235,44 @@ def test_mixed_policy_versions_are_flagged(plain):
     vs = t.details["versions"]
     assert set(vs) == {-1, 0, 7} and vs[-1] == 7
     assert json.loads(httpx.get(srv.url + f"/sessions/{s.session_id}").text)["chains"] == 1
+
+
+def test_a_client_that_goes_away_mid_generation_leaves_no_trained_turn(tiny_tokenizer):
+    """The backend is slow; the client times out and disconnects: the call is cancelled, marked, never trained."""
+    import asyncio as aio
+
+    from envhub.gateway import build
+
+    class Slow(LLMBackend):
+        name = "scripted"
+
+        def __init__(self):
+            self.inner, self.cancelled = ScriptedBackend(agent_policy), 0
+
+        def open_session(self, sid, **kw):
+            self.inner.open_session(sid, **kw)
+
+        async def generate(self, prompt_ids, params, *, session_id=""):
+            try:
+                await aio.sleep(5)
+            except aio.CancelledError:
+                self.cancelled += 1
+                raise
+            return await self.inner.generate(prompt_ids, params, session_id=session_id)
+
+    backend = Slow()
+    gw = Gateway(backend, tiny_tokenizer)
+    with GatewayThread(gw) as srv:
+        s = gw.start_session("gone")
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(srv.url + "/v1/chat/completions", json=OK, headers={"Authorization": f"Bearer {s.api_key}"},
+                       timeout=0.5)
+        for _ in range(100):
+            if backend.cancelled:
+                break
+            import time
+
+            time.sleep(0.05)
+    assert backend.cancelled == 1
+    assert "aborted_call" in s.flags and s.calls[0].error
+    assert build(s) == []  # no finished call: nothing to train on
