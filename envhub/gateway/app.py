@@ -67,8 +67,10 @@ class GatewayApp:
     """ASGI app: ``GatewayApp(gateway, admin_key=None)`` (see the module docstring for the routes)."""
 
     def __init__(self, gateway: Gateway, *, admin_key: str | None = None, model_name: str = "envhub",
-                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S):
+                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
+                 model_only: bool = False):
         self.gw, self.admin_key, self.model_name = gateway, admin_key, model_name
+        self.model_only = model_only  # what a sandboxed agent reaches: model routes only (no rewards, no sessions)
         self.max_body, self.body_timeout = int(max_body_bytes), float(body_timeout_s)
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
@@ -90,7 +92,7 @@ class GatewayApp:
         try:
             if method in ("GET", "HEAD"):
                 return await _send(send, 200, self._get(path, key))
-            if method == "DELETE" and path.startswith("/sessions/"):
+            if method == "DELETE" and path.startswith("/sessions/") and not self.model_only:
                 self._admin(key)
                 self.gw.drop_session(self._session_by_id(path.split("/")[2]))
                 return await _send(send, 200, {"message": "success"})
@@ -107,6 +109,8 @@ class GatewayApp:
                 req = anthropic.parse(body, counting=True)
                 session.touch()
                 return await _send(send, 200, {"input_tokens": self.gw.count_tokens(req)})
+            if self.model_only:
+                raise HTTPError(404, f"POST {path} is not served here (model routes only)")
             return await _send(send, 200, await self._control(path, body, key))
         except BadRequest as e:
             err = HTTPError(e.status, str(e), param=e.param, code=e.code)
@@ -199,6 +203,8 @@ class GatewayApp:
         if path in ("/v1/models", "/models"):
             return {"object": "list", "data": [{"id": self.model_name, "object": "model", "created": 0,
                                                 "owned_by": "envhub"}]}
+        if self.model_only:
+            raise HTTPError(404, f"GET {path} is not served here (model routes only)")
         if path == "/metrics":
             return {**self.gw.stats, "sessions": len(self.gw.sessions), "capacity": self.gw.capacity}
         if path.startswith("/sessions/"):

@@ -12,8 +12,9 @@ every call's sampled ids (mask 1, their logprobs) with the rendered new messages
 shared by several leaves (a retried call, a fork) is trained once: in the first leaf that holds it (the main
 chain's first), masked in the others. Roles: ``main`` is the leaf path with the most calls that had tools (ties:
 the earliest root), ``aux`` a path whose calls had no tools (title generators, compaction summaries), ``sub`` the
-rest (sub-agents, post-compaction continuations). A leaf that is a retried sibling nobody extended (the harness
-abandoned that answer) is built with ``finish_reason="cancelled"``: recorded, never trained.
+rest (sub-agents, post-compaction continuations). A leaf whose reply nobody echoed and whose prompt the harness
+sent again later (a retry: the harness abandoned that answer) is built with ``finish_reason="cancelled"``:
+recorded, never trained.
 
 **Rewards** (``reward=``): ``"outcome"`` (default) gives every trajectory of the session the last reward set
 (AReaL's ``set_reward`` with no interaction id, i.e. the episode's outcome), as slime and Polar broadcast it;
@@ -111,14 +112,12 @@ def chains(session: Session) -> list[list[CallRecord]]:
 
 
 def _abandoned(leaf: CallRecord, session: Session) -> bool:
-    """A retried call the harness did not go on with: a leaf whose prompt another finished call repeated, where that
-    other call was extended, or (nobody extended either) came later -- the harness answered with the newest."""
-    extended = {c.parent for c in session.calls if c.ok and c.parent}
-    if leaf.call_id in extended:
+    """A retried call the harness did not go on with: nobody echoed its reply, and the harness asked the same prompt
+    again later (it re-asks only when it did not get or did not take the answer)."""
+    if leaf.echoed:
         return False
-    order = {c.call_id: i for i, c in enumerate(session.calls)}
-    return any(c is not leaf and c.ok and c.prompt_ids == leaf.prompt_ids
-               and (c.call_id in extended or order[c.call_id] > order[leaf.call_id]) for c in session.calls)
+    later = session.calls[session.calls.index(leaf) + 1:]
+    return any(c.ok and c.prompt_ids == leaf.prompt_ids for c in later)
 
 
 def prefix_merging(session: Session, *, reward: str = "outcome", discount: float = 1.0) -> list[Trajectory]:

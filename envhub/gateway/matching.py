@@ -94,13 +94,17 @@ def _find_parent(session: Session, echoed: dict[str, Any], k: int) -> CallRecord
 
 
 def resolve(session: Session, messages: list[dict[str, Any]], tools_key: str) -> tuple[CallRecord | None, str | None]:
-    """``(parent, None)`` when ``messages`` extends a finished call of ``session``, else ``(None, reason)``."""
+    """``(parent, None)`` when ``messages`` extends a finished call of ``session``, else ``(None, reason)``.
+
+    A call whose reply is echoed is marked ``echoed`` even when the request does not extend it (other tools, a
+    compaction request over its history): the harness went on from that reply, so it was not an abandoned retry."""
     k = next((i for i in range(len(messages) - 1, -1, -1) if messages[i].get("role") == "assistant"), None)
     if k is None:
         return None, "no assistant turn yet (a new conversation)"
     parent = _find_parent(session, messages[k], k)
     if parent is None:
         return None, f"the assistant message at index {k} was not sampled through this session"
+    parent.echoed = True
     if len(parent.request) != k:
         return None, (f"history rewritten: {k} messages before the echoed reply of {parent.call_id}, "
                       f"which was asked with {len(parent.request)} (compaction, or a retried/edited turn)")

@@ -33,6 +33,7 @@ class CallRecord:
     has_tools: bool = False
     reward: float | None = None
     error: str | None = None
+    echoed: bool = False              # a later request echoed this call's reply (the harness went on from it)
     drift: bool | None = None         # canonical re-render differed from the spliced prompt (sampled calls only)
     created: float = field(default_factory=time.time)
 

@@ -13,7 +13,7 @@ from envhub.service.server import ServerThread, bind, check_binding, raise_fd_li
 def make_server(gateway: Gateway, *, host: str = "127.0.0.1", port: int = 0, token: str | None = None,
                 log_level: str = "warning", model_name: str = "envhub", max_body_bytes: int | None = None,
                 header_timeout_s: float | None = None, body_timeout_s: float | None = None,
-                max_connections: int | None = None) -> Any:
+                max_connections: int | None = None, model_only: bool = False) -> Any:
     import uvicorn
 
     from envhub.gateway.app import GatewayApp
@@ -22,7 +22,7 @@ def make_server(gateway: Gateway, *, host: str = "127.0.0.1", port: int = 0, tok
     check_binding(host, token)
     app = GatewayApp(gateway, admin_key=token, model_name=model_name,
                      max_body_bytes=max_body_bytes or limits.DEFAULT_MAX_BODY_BYTES,
-                     body_timeout_s=body_timeout_s or limits.DEFAULT_BODY_TIMEOUT_S)
+                     body_timeout_s=body_timeout_s or limits.DEFAULT_BODY_TIMEOUT_S, model_only=model_only)
     http = limits.protocol_class(max_connections or limits.default_max_connections(),
                                  header_timeout_s or limits.DEFAULT_HEADER_TIMEOUT_S)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, http=http, timeout_keep_alive=120,

@@ -37,6 +37,19 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def bind_unix(path: str) -> socket.socket:
+    """A bound Unix-domain stream socket at ``path`` (replacing a stale one), readable and writable by anyone who can
+    reach the path: the gateway serves sandboxes through one bound into them."""
+    import os
+
+    if os.path.exists(path):
+        os.unlink(path)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(path)
+    os.chmod(path, 0o666)
+    return sock
+
+
 def raise_fd_limit() -> int:
     """Raise the open-files limit (every in-flight ``/process`` holds a connection); returns the soft limit."""
     from envhub.fdlimit import raise_nofile_limit
@@ -106,7 +119,8 @@ class ServerThread:
     """
 
     def __init__(self, service: Any, *, host: str = "127.0.0.1", port: int = 0, token: str | None = None,
-                 autostart: bool = True, log_level: str = "warning", make: Any = None, **limits: Any):
+                 autostart: bool = True, log_level: str = "warning", make: Any = None, uds: str | None = None,
+                 **limits: Any):
         self.service = service
         if make is None:  # the rollout service; the gateway passes its own (envhub.gateway.server.make_server)
             self.server = make_server(service, host=host, port=port, token=token, autostart=autostart,
@@ -114,9 +128,10 @@ class ServerThread:
         else:
             self.server = make(service, host=host, port=port, token=token, log_level=log_level, **limits)
         self.server.config.install_signal_handlers = False  # uvicorn < 0.29 reads this; newer ones skip in threads
-        self.sock = bind(host, port)
+        self.uds = uds
+        self.sock = bind_unix(uds) if uds else bind(host, port)
         self.host = host
-        self.port = self.sock.getsockname()[1]
+        self.port = 0 if uds else self.sock.getsockname()[1]
         self.loop: Any = None
         self._thread = threading.Thread(target=self._run, name=f"envhub-service-{self.port}", daemon=True)
         self._error: BaseException | None = None

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Pinned agent harnesses for the harness envs (envhub.harness), installed into project-local prefixes that the
+# sandboxes bind read-only: npm CLIs under .harness/npm, Python agents in .harness/venv. Idempotent.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+CODEX=0.169.0
+CLAUDE=2.1.197
+MINI=2.4.6
+PREFIX=.harness
+mkdir -p "$PREFIX/npm"
+want="@openai/codex@$CODEX @anthropic-ai/claude-code@$CLAUDE"
+if [ ! -f "$PREFIX/npm/.installed" ] || [ "$(cat "$PREFIX/npm/.installed")" != "$want" ]; then
+    npm install --silent --no-audit --no-fund --prefix "$PREFIX/npm" $want
+    echo "$want" > "$PREFIX/npm/.installed"
+fi
+if [ ! -f "$PREFIX/venv/.installed" ] || [ "$(cat "$PREFIX/venv/.installed")" != "mini-swe-agent==$MINI" ]; then
+    python3 -m venv "$PREFIX/venv"
+    "$PREFIX/venv/bin/pip" install -q --disable-pip-version-check "mini-swe-agent==$MINI"
+    echo "mini-swe-agent==$MINI" > "$PREFIX/venv/.installed"
+fi
