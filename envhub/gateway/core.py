@@ -170,6 +170,10 @@ class Gateway:
         if session.ended:
             raise BadRequest(f"session {session.session_id} already ended", status=410)
         session.touch()
+        if session.max_calls is not None and len(session.calls) >= session.max_calls:
+            session.flag("call_budget_exhausted")
+            raise BadRequest(f"this session's budget of {session.max_calls} model calls is spent", status=429,
+                             code="rate_limit_exceeded")
         messages = prepare(req.messages)
         tk = tools_key(req.tools)
         codec = self.codec_for(req.tools, tk)

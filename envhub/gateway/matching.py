@@ -8,8 +8,9 @@ new messages only (:mod:`envhub.gateway.core`). Harnesses do not echo byte for b
 (``provider_specific_fields``, ``thoughtSignature``), move ``cache_control`` between blocks, add a mid-list
 ``system`` message, send content as a list of parts. So:
 
-1. the parent is found by what the gateway itself issued: the tool-call ids it minted (exact), else the issued
-   text of a tool-less reply;
+1. the parent is found by what the gateway itself issued: the tool-call ids it minted (exact; the echoed call's
+   arguments may then differ -- Claude Code rewrites commands in its history -- as long as the tool names agree),
+   else the issued text of a tool-less reply;
 2. every earlier message is compared after :func:`key` (role + flattened text; tool calls as name + parsed
    arguments; nothing else), first by plain equality with the parent's own request (the common case, cheap),
    and only on a difference by key;
@@ -81,16 +82,17 @@ def key(message: dict[str, Any]) -> tuple:
     return (role, text)
 
 
-def _find_parent(session: Session, echoed: dict[str, Any], k: int) -> CallRecord | None:
+def _find_parent(session: Session, echoed: dict[str, Any], k: int) -> tuple[CallRecord | None, bool]:
+    """The call that issued ``echoed``, and whether it was found by a tool-call id the gateway minted."""
     for c in echoed.get("tool_calls") or []:
         call = session.issued_tool_ids.get(c.get("id", ""))
         if call is not None:
-            return call
+            return call, True
     want = key(echoed)
     for call in reversed(session.calls):  # a tool-less reply (or re-minted ids): the newest call that issued it
         if call.ok and len(call.request) == k and key(call.reply or {}) == want:
-            return call
-    return None
+            return call, False
+    return None, False
 
 
 def resolve(session: Session, messages: list[dict[str, Any]], tools_key: str) -> tuple[CallRecord | None, str | None]:
@@ -101,7 +103,7 @@ def resolve(session: Session, messages: list[dict[str, Any]], tools_key: str) ->
     k = next((i for i in range(len(messages) - 1, -1, -1) if messages[i].get("role") == "assistant"), None)
     if k is None:
         return None, "no assistant turn yet (a new conversation)"
-    parent = _find_parent(session, messages[k], k)
+    parent, by_id = _find_parent(session, messages[k], k)
     if parent is None:
         return None, f"the assistant message at index {k} was not sampled through this session"
     parent.echoed = True
@@ -114,7 +116,13 @@ def resolve(session: Session, messages: list[dict[str, Any]], tools_key: str) ->
     for i in range(k):
         if messages[i] != earlier[i] and key(messages[i]) != key(earlier[i]):
             return None, f"message {i} ({messages[i].get('role')}) differs from what {parent.call_id} was asked with"
-    if key(messages[k]) != key(parent.reply or {}):
+    echo, issued = messages[k], parent.reply or {}
+    if by_id:  # ids the gateway minted identify the reply; a harness may rewrite the arguments it shows (Claude
+        # Code drops a leading `cd <cwd> &&`), but the model was given -- and is trained on -- what it sampled
+        same = [n for n, _ in calls_of(echo)] == [n for n, _ in calls_of(issued)]
+    else:
+        same = key(echo) == key(issued)
+    if not same:
         return None, f"the echoed assistant message at index {k} differs from what {parent.call_id} issued"
     if k + 1 >= len(messages):
         return None, "nothing follows the echoed assistant message"

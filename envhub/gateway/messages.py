@@ -4,8 +4,10 @@ Dialect translators (:mod:`envhub.gateway.dialects`) map their wire format to Op
 then makes them renderable and comparable: ``developer`` is ``system``; content parts are flattened to text;
 provider extras (``cache_control``, ``provider_specific_fields``, ``thoughtSignature``, reasoning fields) are dropped;
 tool calls are ``{id, type, function: {name, arguments}}`` with arguments as a JSON string; and a ``system`` message
-in the middle of the list (Claude Code sends one; most chat templates reject it) is folded into the next user
-message as a ``<system-reminder>`` block, as slime does.
+in the middle of the list (Claude Code sends one; most chat templates reject it) becomes a user turn holding a
+``<system-reminder>`` block. (slime folds it into the next user message; a turn of its own keeps each request's
+rendering a prefix of the next request's, which chain matching needs. A template that insists on alternating
+roles then refuses the conversation with a clear error.)
 """
 from __future__ import annotations
 
@@ -60,21 +62,15 @@ def prepare(messages: Any) -> list[dict[str, Any]]:
         raise BadRequest("messages must be a non-empty list", param="messages")
     cleaned = [_clean(m, i) for i, m in enumerate(messages)]
     out: list[dict[str, Any]] = []
-    pending: list[str] = []  # mid-list system texts waiting for the next user message
     for m in cleaned:
-        if m["role"] == "system":
-            if all(o["role"] == "system" for o in out):  # the leading system block: one message
-                if out:
-                    out[0]["content"] += "\n\n" + m["content"]
-                else:
-                    out.append(m)
-            else:
-                pending.append(m["content"])
-            continue
-        if pending and m["role"] == "user":
-            m = {**m, "content": "".join(f"<system-reminder>\n{t}\n</system-reminder>\n\n" for t in pending) + m["content"]}
-            pending = []
-        out.append(m)
-    if pending:
-        out.append({"role": "user", "content": "".join(f"<system-reminder>\n{t}\n</system-reminder>\n" for t in pending)})
+        if m["role"] == "system" and out and any(o["role"] != "system" for o in out):
+            # a system message after the conversation began: its own user turn, so that the rendering of a request
+            # is a prefix of the rendering of the next one (folding it into a neighbour would change that neighbour
+            # once the next message arrives)
+            out.append({"role": "user", "content": f"<system-reminder>\n{m['content']}\n</system-reminder>"})
+        elif m["role"] == "system" and out:
+            out[0]["content"] += "\n\n" + m["content"]  # the leading system block: one message
+        else:
+            out.append(m)
     return out
+

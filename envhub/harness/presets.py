@@ -1,0 +1,144 @@
+"""Harness presets, as data: how to run each unmodified agent CLI offline against an envhub gateway session.
+
+A preset says where the pinned install lives (``make harness-tools`` puts npm CLIs under ``.harness/npm`` and
+Python agents in ``.harness/venv``), which provider API the harness speaks, the files and environment that point it
+at the gateway with telemetry, updates and onboarding off, its command line, and -- for the scripted golden and
+no-op players -- the tool it runs shell commands with and how it ends. Settings follow the offline probes in
+``../shared/research/blackbox_gateway.md`` §3 and Polar's presets.
+
+===================  ==========================  =====================  =========================================
+preset               pinned                      API                    shell tool / ending
+===================  ==========================  =====================  =========================================
+``codex``            ``@openai/codex`` 0.169.0   Responses, streaming   ``exec_command{cmd}`` / a final message
+``claude-code``      ``@anthropic-ai/claude-code``  Messages, streaming  ``Bash{command, description}`` / end_turn
+                     2.1.197
+``mini-swe-agent``   ``mini-swe-agent`` 2.4.6    Chat, not streaming    ``bash{command}`` / the command
+                                                                        ``echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT``
+===================  ==========================  =====================  =========================================
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from envhub.env import Action, ToolCall
+
+ROOT = Path(__file__).resolve().parents[2]
+HARNESS_DIR = Path(ROOT / ".harness")  # make harness-tools (scripts/setup-harness.sh)
+MODEL = "envhub"
+HOME = "/tmp/home"
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    dialect: str                       # the gateway dialect it speaks: "responses" | "anthropic" | "chat"
+    package: str                       # what `make harness-tools` installs (pinned)
+    executable: str                    # relative to HARNESS_DIR
+    argv: Callable[[str], list[str]]   # instructions -> command line (run in the task's workdir)
+    env: Callable[[str, str], dict[str, str]]          # (base url, session key) -> environment
+    files: Callable[[str, str], dict[str, str]] = lambda url, key: {}  # (base url, key) -> {sandbox path: text}
+    shell: Callable[[str], ToolCall] = lambda cmd: ToolCall("bash", {"command": cmd})
+    ending: Callable[[], Action] = lambda: Action("Done.")
+    notes: str = ""
+    tags: list[str] = field(default_factory=list)
+
+    def path(self) -> Path:
+        return HARNESS_DIR / self.executable
+
+    def installed(self) -> bool:
+        return self.path().exists()
+
+    def check_installed(self) -> None:
+        if not self.installed():
+            raise HarnessNotInstalled(
+                f"the {self.name} harness ({self.package}) is not installed at {self.path()}: run `make "
+                "harness-tools` (installs the pinned agent CLIs into .harness/)")
+
+
+class HarnessNotInstalled(RuntimeError):
+    pass
+
+
+def _codex_files(url: str, key: str) -> dict[str, str]:
+    # top-level keys first: a key after a [table] header lands inside that table (Polar's preset notes), and a
+    # provider named "openai" would ignore these overrides (openai/codex #11698)
+    toml = (f'model = "{MODEL}"\nmodel_provider = "envhub"\napproval_policy = "never"\n'
+            'sandbox_mode = "danger-full-access"\ncheck_for_update_on_startup = false\n\n'
+            '[model_providers.envhub]\nname = "envhub"\n'
+            f'base_url = "{url}/v1"\nenv_key = "ENVHUB_SESSION_KEY"\nwire_api = "responses"\n\n'
+            '[analytics]\nenabled = false\n')
+    return {f"{HOME}/.codex/config.toml": toml}
+
+
+def _claude_files(url: str, key: str) -> dict[str, str]:
+    state = {"hasCompletedOnboarding": True, "bypassPermissionsModeAccepted": True, "autoUpdates": False}
+    return {f"{HOME}/.claude/.claude.json": json.dumps(state), f"{HOME}/.claude.json": json.dumps(state)}
+
+
+PRESETS: dict[str, Preset] = {p.name: p for p in [
+    Preset(
+        "codex", "responses", "@openai/codex@0.169.0", "npm/node_modules/.bin/codex",
+        argv=lambda task: ["exec", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox", task],
+        env=lambda url, key: {"CODEX_HOME": f"{HOME}/.codex", "ENVHUB_SESSION_KEY": key, "RUST_LOG": "error"},
+        files=_codex_files,
+        shell=lambda cmd: ToolCall("exec_command", {"cmd": cmd}),
+        ending=lambda: Action("I applied the fix."),
+    ),
+    Preset(
+        "claude-code", "anthropic", "@anthropic-ai/claude-code@2.1.197", "npm/node_modules/.bin/claude",
+        argv=lambda task: ["-p", task, "--permission-mode", "bypassPermissions", "--output-format", "stream-json",
+                           "--verbose"],
+        env=lambda url, key: {
+            "ANTHROPIC_BASE_URL": url, "ANTHROPIC_AUTH_TOKEN": key, "ANTHROPIC_MODEL": MODEL,
+            "ANTHROPIC_SMALL_FAST_MODEL": MODEL, "ANTHROPIC_DEFAULT_HAIKU_MODEL": MODEL,
+            "ANTHROPIC_DEFAULT_SONNET_MODEL": MODEL, "ANTHROPIC_DEFAULT_OPUS_MODEL": MODEL,
+            "CLAUDE_CODE_SUBAGENT_MODEL": MODEL, "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "IS_SANDBOX": "1",
+            "DISABLE_AUTOUPDATER": "1", "DISABLE_TELEMETRY": "1", "CLAUDE_CONFIG_DIR": f"{HOME}/.claude"},
+        files=_claude_files,
+        shell=lambda cmd: ToolCall("Bash", {"command": cmd, "description": "Run a shell command"}),
+        ending=lambda: Action("I applied the fix."),
+    ),
+    Preset(
+        "mini-swe-agent", "chat", "mini-swe-agent==2.4.6", "venv/bin/mini-swe-agent",
+        argv=lambda task: ["--yolo", "--model", f"openai/{MODEL}", "--task", task, "--cost-limit", "0",
+                           "--exit-immediately"],
+        env=lambda url, key: {"OPENAI_API_BASE": f"{url}/v1", "OPENAI_BASE_URL": f"{url}/v1", "OPENAI_API_KEY": key,
+                              "MSWEA_CONFIGURED": "true", "MSWEA_COST_TRACKING": "ignore_errors",
+                              "LITELLM_LOCAL_MODEL_COST_MAP": "True"},
+        # every reply must carry a tool call; the episode ends with this command
+        ending=lambda: Action("Submitting.", [ToolCall("bash", {"command": "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"})]),
+    ),
+]}
+
+
+def get_preset(name: str) -> Preset:
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise ValueError(f"unknown harness {name!r}; known: {', '.join(PRESETS)}") from None
+
+
+def scripted(preset: Preset, commands: Callable[[dict], list[str]]) -> Callable:
+    """A protocol-aware scripted player: ``commands(task)`` as the harness's own shell tool calls, one per model
+    call, then the harness's ending. The turn is the number of assistant turns in the conversation so far."""
+    def policy(task, messages):
+        turn = sum(m.get("role") == "assistant" for m in messages)
+        cmds = commands(task)
+        if turn < len(cmds):
+            return Action(f"Step {turn + 1}.", [preset.shell(cmds[turn])])
+        return preset.ending()
+    return policy
+
+
+def golden_commands(task: dict) -> list[str]:
+    """The task's golden patch applied in the workspace with one shell command (swe-gym rows carry ``patch``)."""
+    patch = task["patch"]
+    return [f"cd /testbed && git apply --whitespace=nowarn - <<'ENVHUB_GOLDEN_PATCH'\n{patch}ENVHUB_GOLDEN_PATCH\n"
+            "git status --short"]
+
+
+def noop_commands(task: dict) -> list[str]:
+    return ["cd /testbed && git status --short"]
