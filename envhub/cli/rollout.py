@@ -156,8 +156,11 @@ def preflight(backend: Any, model: str) -> None:
               help="Seconds per rollout (a slower one is reported as timeout).")
 @click.option("--max-errors", type=click.IntRange(min=0), default=0, show_default=True,
               help="Exit 1 when more rollouts than this end in error or timeout.")
+@click.option("--harness", default=None,
+              help="Run an unmodified agent CLI (codex, claude-code, mini-swe-agent) on the tasks, its model calls "
+                   "through the gateway (make harness-tools installs them). See docs/gateway.md.")
 def rollout_cmd(env_id, model, api_model, tokenizer, n, samples, concurrency, max_turns, max_length, max_tokens, temperature,
-                top_p, top_k, stop, seed, split, env_args, out, resume, overwrite, timeout, max_errors):
+                top_p, top_k, stop, seed, split, env_args, out, resume, overwrite, timeout, max_errors, harness):
     """Roll out ENV_ID with a model; print a summary and optionally save the run.
 
     Exit status: 0, or 1 when more than --max-errors rollouts errored or timed out, or 130 when interrupted (every
@@ -166,6 +169,11 @@ def rollout_cmd(env_id, model, api_model, tokenizer, n, samples, concurrency, ma
     from envhub.cli.runs import RunWriter, env_meta, started_meta
 
     check_model(model)
+    if harness:
+        from envhub.cli import harness as harness_cli
+
+        return harness_cli.rollout(resolve_spec(env_id), harness, model, tokenizer, n, split, timeout,
+                                   min(concurrency, 2), max_tokens, out)
     if (resume or overwrite) and not out:
         raise click.UsageError("--resume/--overwrite need --out")
     kwargs = _env_args(env_args)

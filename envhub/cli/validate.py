@@ -35,8 +35,9 @@ def report_table(report) -> Table:
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None, help="Write the JSON report here.")
 @click.option("--concurrency", "-c", type=int, default=4, show_default=True, help="Episodes run at once.")
 @click.option("--strict", is_flag=True, help="Also fail when any task is quarantined (not only when unfit).")
+@click.option("--harness", default=None, help="Play the golden and the no-op through this agent CLI instead.")
 def validate_cmd(target: str, n: int | None, split: str | None, json_out: str | None, concurrency: int,
-                 strict: bool) -> None:
+                 strict: bool, harness: str | None) -> None:
     """Admission for an env (installed id or plugin source PATH): golden passes, no-op fails, replays agree,
     malformed actions are handled, hack probes fail. Exits 1 when the verifier is unfit."""
     from rich.progress import Progress
@@ -44,6 +45,10 @@ def validate_cmd(target: str, n: int | None, split: str | None, json_out: str | 
     from envhub.admission import admit
 
     spec = resolve_spec(target)
+    if harness:
+        from envhub.cli import harness as harness_cli
+
+        return harness_cli.validate(spec, harness, n, split)
     rows = load_tasks(spec, split)  # a bad task file is one clear line here, not a traceback inside admission
     total = len(rows) if n is None else min(n, len(rows))
     with Progress(console=console, transient=True) as progress:

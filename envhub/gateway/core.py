@@ -172,8 +172,10 @@ class Gateway:
         session.touch()
         if session.max_calls is not None and len(session.calls) >= session.max_calls:
             session.flag("call_budget_exhausted")
-            raise BadRequest(f"this session's budget of {session.max_calls} model calls is spent", status=429,
-                             code="rate_limit_exceeded")
+            # 403, not 429 or 400: clients retry those with backoff until their own patience runs out (litellm
+            # retries even a 400); a permission error is final for every client probed
+            raise BadRequest(f"this session's budget of {session.max_calls} model calls is spent; the episode is "
+                             "over", status=403, code="call_budget_exhausted")
         messages = prepare(req.messages)
         tk = tools_key(req.tools)
         codec = self.codec_for(req.tools, tk)

@@ -58,7 +58,7 @@ class Session:
     by_id: dict[str, CallRecord] = field(default_factory=dict)
     issued_tool_ids: dict[str, CallRecord] = field(default_factory=dict)   # minted tool-call id -> its call
     flags: list[str] = field(default_factory=list)   # "upstream_failure", "mixed_policy_versions", ...
-    max_calls: int | None = None      # the call budget (a harness looping on compaction meets a 429)
+    max_calls: int | None = None      # the call budget (past it: a 403 that ends the episode)
     ended: bool = False
     ended_event: asyncio.Event | None = None
     last_access: float = field(default_factory=time.monotonic)

@@ -11,7 +11,7 @@ RUN: the task env's ``reset`` starts its sandbox (the repository at ``/testbed``
 pinned harness install are bound in read-only; the preset's config files are written; a small forwarder inside
 listens on ``127.0.0.1:PORT`` (the sandbox has no other network) and the harness runs with the task's instructions
 until it exits, or until the time budget (then the sandbox's processes are killed) or the call budget (the gateway
-answers 429) runs out. The workspace's artifacts (swe-gym: the diff) are taken as the env takes them on ``finish``.
+answers 403, which clients do not retry) runs out. The workspace's artifacts (swe-gym: the diff) are taken as the env takes them on ``finish``.
 EVAL: the task set's verifier, in fresh sandboxes as always. The reward is set on the session and the session's
 trajectories built (``prefix_merging`` by default), each marked with the harness, its exit status and the grade.
 
@@ -23,10 +23,13 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import shlex
 import shutil
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
 from typing import Any
 
@@ -85,7 +88,7 @@ class HarnessRunner:
         try:
             obs, _ = env.reset(options={"task": task})
             instructions = next((m["content"] for m in obs if m.get("role") == "user"), "")
-            exit_info = self._run_harness(env, preset, session.api_key, instructions, timeout_s)
+            exit_info = self._run_harness(env, preset, session, instructions, timeout_s)
             artifacts = env.finish_artifacts(None)
         except Exception as e:
             log.warning("harness episode %s/%s failed", preset.name, task_id, exc_info=True)
@@ -114,8 +117,8 @@ class HarnessRunner:
                 t.finish_reason, t.error = "error", exit_info["error"]
         return trajs
 
-    def _run_harness(self, env: Any, preset: Preset, key: str, instructions: str, timeout_s: float) -> dict:
-        sb = env.sandbox
+    def _run_harness(self, env: Any, preset: Preset, session: Any, instructions: str, timeout_s: float) -> dict:
+        sb, key = env.sandbox, session.api_key
         url = f"http://127.0.0.1:{PORT}"
         for path, text in preset.files(url, key).items():
             sb.write_file(path, text)
@@ -123,15 +126,35 @@ class HarnessRunner:
         python = os.path.realpath(sys.executable)
         argv = [str(preset.path())] + preset.argv(instructions)
         workdir = sb.spec.workdir
+        stop_name = f"stop-{secrets.token_hex(8)}"  # the host creates it (in the bound gateway dir) to stop the harness
         script = (f"{shlex.quote(python)} /tmp/envhub-forwarder.py {PORT} {GATEWAY_DIR}/gw.sock >/tmp/fwd.log 2>&1 &\n"
                   f"for i in $(seq 50); do grep -q ready /tmp/fwd.log 2>/dev/null && break; sleep 0.1; done\n"
-                  f"cd {shlex.quote(workdir)} && {shlex.join(argv)} </dev/null")
+                  f"cd {shlex.quote(workdir)} || exit 97\n"
+                  f"setsid {shlex.join(argv)} </dev/null & H=$!\n"
+                  f"while kill -0 $H 2>/dev/null; do\n"
+                  f"  if [ -e {GATEWAY_DIR}/{stop_name} ]; then kill -TERM -- -$H; sleep 1; kill -KILL -- -$H; "
+                  f"echo 'envhub: harness stopped by the host'; fi\n"
+                  f"  sleep 0.2\ndone\nwait $H")
         environ = {"HOME": HOME, "PATH": f"{HARNESS_DIR}/npm/node_modules/.bin:{HARNESS_DIR}/venv/bin:/usr/bin:/bin",
                    "NO_COLOR": "1", "TERM": "dumb", **preset.env(url, key)}
         sb.exec(["mkdir", "-p", HOME])
-        r = sb.exec(["bash", "-c", script], timeout=timeout_s, env=environ, output_limit=1 << 16)
+        with ThreadPoolExecutor(1) as pool:
+            running = pool.submit(sb.exec, ["bash", "-c", script], timeout=timeout_s, env=environ,
+                                  output_limit=1 << 16)
+            stopped = None
+            while not running.done():  # past the call budget the harness is stopped here, whatever it does with
+                try:                    # the gateway's refusal (litellm retries even a 403 for minutes)
+                    running.result(timeout=0.25)
+                except FutureTimeout:
+                    if stopped is None and "call_budget_exhausted" in session.flags:
+                        stopped = f"stopped: its budget of {session.max_calls} model calls was spent"
+                        Path(self.dir, stop_name).touch()
+            r = running.result()
         info = {"exit_code": r.exit_code, "timed_out": r.timed_out, "duration_s": round(r.duration_s, 2),
                 "output_tail": (r.stdout + r.stderr)[-2000:]}
+        if stopped:
+            info["stopped"] = stopped
+            Path(self.dir, stop_name).unlink(missing_ok=True)
         if r.timed_out:
             info["error"] = f"the {preset.name} harness ran past its {timeout_s:g} s budget and was killed"
         return info
