@@ -28,6 +28,7 @@ import shlex
 import shutil
 import sys
 import tempfile
+import time
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
@@ -85,6 +86,7 @@ class HarnessRunner:
         session = self.gateway.start_session(task_id, task=task)
         session.max_calls = max_calls
         exit_info: dict[str, Any] = {}
+        t0 = time.perf_counter()
         try:
             obs, _ = env.reset(options={"task": task})
             instructions = next((m["content"] for m in obs if m.get("role") == "user"), "")
@@ -98,21 +100,25 @@ class HarnessRunner:
             env.close()  # the sandbox and every process the harness left behind
         from envhub.verifier import safe_verify
 
+        run_s = time.perf_counter() - t0
         score = safe_verify(spec.verifier, task, artifacts)
+        eval_s = time.perf_counter() - t0 - run_s
         if any(c.ok for c in session.calls):
             self.gateway.set_reward(session, score.reward)
         self.gateway.end_session(session)
         trajs = build(session, self.builder)
         self.gateway.drop_session(session)
         details = {"harness": preset.name, "harness_exit": exit_info, "score": score.details}
+        metrics = {"run_s": round(run_s, 3), "eval_s": round(eval_s, 3)}
         if not trajs:
             why = exit_info.get("error") or (f"the {preset.name} harness made no model call (exit "
                                              f"{exit_info.get('exit_code')}): {exit_info.get('output_tail', '')[-500:]}")
             return [Trajectory.failed(spec.id, task_id, "error", why, reward=score.reward, passed=score.passed,
-                                      details=details)]
+                                      details=details, metrics=metrics)]
         for t in trajs:
             t.env_id, t.task_id, t.passed = spec.id, task_id, score.passed
             t.details.update(details)
+            t.metrics.update(metrics)
             if exit_info.get("error") and t.finish_reason not in ("error", "cancelled"):
                 t.finish_reason, t.error = "error", exit_info["error"]
         return trajs
@@ -128,13 +134,14 @@ class HarnessRunner:
         workdir = sb.spec.workdir
         stop_name = f"stop-{secrets.token_hex(8)}"  # the host creates it (in the bound gateway dir) to stop the harness
         script = (f"{shlex.quote(python)} /tmp/envhub-forwarder.py {PORT} {GATEWAY_DIR}/gw.sock >/tmp/fwd.log 2>&1 &\n"
-                  f"for i in $(seq 50); do grep -q ready /tmp/fwd.log 2>/dev/null && break; sleep 0.1; done\n"
+                  f"for i in $(seq 250); do grep -q ready /tmp/fwd.log 2>/dev/null && break; sleep 0.02; done\n"
                   f"cd {shlex.quote(workdir)} || exit 97\n"
                   f"setsid {shlex.join(argv)} </dev/null & H=$!\n"
-                  f"while kill -0 $H 2>/dev/null; do\n"
-                  f"  if [ -e {GATEWAY_DIR}/{stop_name} ]; then kill -TERM -- -$H; sleep 1; kill -KILL -- -$H; "
-                  f"echo 'envhub: harness stopped by the host'; fi\n"
-                  f"  sleep 0.2\ndone\nwait $H")
+                  # a watcher stops the harness's whole process group when the host asks; the shell itself waits
+                  # on the harness, so its exit is seen at once
+                  f"(while [ ! -e {GATEWAY_DIR}/{stop_name} ]; do sleep 0.2; done; "
+                  f"echo 'envhub: harness stopped by the host'; kill -TERM -- -$H; sleep 1; kill -KILL -- -$H) & W=$!\n"
+                  f"wait $H; S=$?; kill $W 2>/dev/null; exit $S")
         environ = {"HOME": HOME, "PATH": f"{HARNESS_DIR}/npm/node_modules/.bin:{HARNESS_DIR}/venv/bin:/usr/bin:/bin",
                    "NO_COLOR": "1", "TERM": "dumb", **preset.env(url, key)}
         sb.exec(["mkdir", "-p", HOME])
