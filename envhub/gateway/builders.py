@@ -68,8 +68,12 @@ def _finish(session: Session, leaf: CallRecord) -> tuple[str, str | None]:
 
 def _details(session: Session, calls: list[CallRecord], role: str, versions: list[int]) -> dict[str, Any]:
     tools = calls[0].tools_key
+    start = len(calls[0].prompt_ids)
+    # (index of the call's reply in messages, start, end of its sampled ids in response_ids): the executor's
+    # Episode.turns, which the rollout service's ProRL reply cuts messages along
+    turns = [[len(c.context), len(c.prompt_ids) - start, len(c.prompt_ids) - start + len(c.sampled_ids)] for c in calls]
     d: dict[str, Any] = {"session_id": session.session_id, "chain_role": role, "calls": [c.call_id for c in calls],
-                         "versions": versions, "flags": list(session.flags)}
+                         "versions": versions, "flags": list(session.flags), "turns": turns}
     if tools != "[]":
         d["tools"] = tools
     if calls[0].break_reason:

@@ -88,7 +88,6 @@ class Gateway:
         self.sessions: dict[str, Session] = {}
         self.keys: dict[str, str] = {}
         self.stats = {"calls": 0, "spliced": 0, "new_chains": 0, "errors": 0, "drift_checks": 0, "drift": 0}
-        self._scripted = getattr(backend, "name", "") == "scripted"
         self._codecs: dict[str, Any] = {}
 
     # ---- sessions ---------------------------------------------------------------------------------------------
@@ -121,7 +120,7 @@ class Gateway:
         if session.ended_event is not None:
             session.ended_event.set()
         if session.backend_codec is not None:
-            self.backend.close_session(session.session_id)
+            (session.backend or self.backend).close_session(session.session_id)
 
     def drop_session(self, session: Session) -> None:
         if not session.ended:
@@ -253,19 +252,20 @@ class Gateway:
         return with_system_note(messages, note)
 
     async def _generate(self, session: Session, codec: Any, call: CallRecord, params: SamplingParams) -> Any:
-        if not self._scripted:
+        backend = session.backend or self.backend
+        if getattr(backend, "name", "") != "scripted":
             if session.backend_codec is None:
                 session.backend_codec = codec
-                self.backend.open_session(session.session_id, task=session.task, messages=session.live, codec=codec)
-            return await self.backend.generate(call.prompt_ids, params, session_id=session.session_id)
+                backend.open_session(session.session_id, task=session.task, messages=session.live, codec=codec)
+            return await backend.generate(call.prompt_ids, params, session_id=session.session_id)
         # a scripted policy reads the conversation: one call at a time per session, with this call's context
         assert session.lock is not None
         async with session.lock:
             if session.backend_codec is not codec:
                 session.backend_codec = codec
-                self.backend.open_session(session.session_id, task=session.task, messages=session.live, codec=codec)
+                backend.open_session(session.session_id, task=session.task, messages=session.live, codec=codec)
             session.live[:] = call.context
-            return await self.backend.generate(call.prompt_ids, params, session_id=session.session_id)
+            return await backend.generate(call.prompt_ids, params, session_id=session.session_id)
 
 
 _ID_PREFIX = {"chat": "chatcmpl-", "responses": "resp_", "anthropic": "msg_"}

@@ -62,6 +62,7 @@ class Session:
     ended: bool = False
     ended_event: asyncio.Event | None = None
     last_access: float = field(default_factory=time.monotonic)
+    backend: Any = None               # this session's own backend (default: the gateway's), e.g. a scripted player
     backend_codec: Any = None         # the codec a scripted backend was opened with
     live: list[dict[str, Any]] = field(default_factory=list)  # the conversation a scripted policy reads
     lock: asyncio.Lock | None = None

@@ -47,18 +47,45 @@ FORWARDER = Path(__file__).with_name("forwarder.py")
 
 class HarnessRunner:
     """Serves ``gateway`` to sandboxes over a Unix socket (model routes only: a sandboxed agent cannot set rewards,
-    start sessions or read other sessions) and runs harness episodes against it."""
+    start sessions or read other sessions) and runs harness episodes against it.
 
-    def __init__(self, gateway: Gateway, *, builder: str = "prefix_merging"):
+    ``HarnessRunner(gw)`` serves from a thread (the CLI, tests); ``await HarnessRunner.in_loop(gw)`` serves on the
+    running event loop (the rollout service, whose backends' connections belong to its loop)."""
+
+    def __init__(self, gateway: Gateway, *, builder: str = "prefix_merging", thread: bool = True):
         from envhub.gateway.server import GatewayThread
 
         self.gateway, self.builder = gateway, builder
         self.dir = tempfile.mkdtemp(prefix="envhub-gw-")
         os.chmod(self.dir, 0o755)
-        self.server = GatewayThread(gateway, uds=os.path.join(self.dir, "gw.sock"), model_only=True).start()
+        self.sock_path = os.path.join(self.dir, "gw.sock")
+        self.server: Any = GatewayThread(gateway, uds=self.sock_path, model_only=True).start() if thread else None
+        self._task: Any = None
+
+    @classmethod
+    async def in_loop(cls, gateway: Gateway, **kw: Any) -> HarnessRunner:
+        import asyncio
+
+        from envhub.gateway.server import make_server
+        from envhub.service.server import bind_unix
+
+        runner = cls(gateway, thread=False, **kw)
+        runner.server = make_server(gateway, model_only=True)
+        runner.server.config.install_signal_handlers = False
+        runner._task = asyncio.ensure_future(runner.server.serve(sockets=[bind_unix(runner.sock_path)]))
+        while not runner.server.started and not runner._task.done():
+            await asyncio.sleep(0.01)
+        return runner
+
+    async def aclose(self) -> None:
+        if self._task is not None:
+            self.server.should_exit = True
+            await self._task
+        shutil.rmtree(self.dir, ignore_errors=True)
 
     def close(self) -> None:
-        self.server.stop()
+        if self._task is None and self.server is not None:
+            self.server.stop()
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def __enter__(self) -> HarnessRunner:
@@ -67,61 +94,24 @@ class HarnessRunner:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    def run(self, spec: Any, harness: str | Preset, task: dict, *, timeout_s: float = 600.0, max_calls: int = 60,
-            env_kwargs: dict | None = None) -> list[Trajectory]:
+    def episode(self, spec: Any, harness: str | Preset, task: dict, **kw: Any) -> HarnessEpisode:
         preset = get_preset(harness) if isinstance(harness, str) else harness
         preset.check_installed()
-        task_id = str(task.get("task_id") or task.get("instance_id") or "")
-        env = spec.env(**(env_kwargs or {}))
-        base_spec_for = env.sandbox_spec_for
+        return HarnessEpisode(self, spec, preset, task, **kw)
 
-        def spec_for(t: Any) -> Any:
-            s = base_spec_for(t)
-            s.binds = list(s.binds) + [(str(HARNESS_DIR), str(HARNESS_DIR), "ro"), (self.dir, GATEWAY_DIR, "ro")]
-            s.memory_mb = None  # node and the harness binaries reserve far more address space than RLIMIT_AS allows
-            s.max_procs = max(s.max_procs or 0, 512)
-            return s
-
-        env.sandbox_spec_for = spec_for
-        session = self.gateway.start_session(task_id, task=task)
-        session.max_calls = max_calls
-        exit_info: dict[str, Any] = {}
-        t0 = time.perf_counter()
+    def run(self, spec: Any, harness: str | Preset, task: dict, *, timeout_s: float = 600.0, max_calls: int = 60,
+            env_kwargs: dict | None = None) -> list[Trajectory]:
+        """One whole episode (INIT, RUN, EVAL); the session's trajectories, main chain first."""
+        ep = self.episode(spec, harness, task, timeout_s=timeout_s, max_calls=max_calls, env_kwargs=env_kwargs)
         try:
-            obs, _ = env.reset(options={"task": task})
-            instructions = next((m["content"] for m in obs if m.get("role") == "user"), "")
-            exit_info = self._run_harness(env, preset, session, instructions, timeout_s)
-            artifacts = env.finish_artifacts(None)
+            ep.init_sync()
+            ep.run_sync()
+            ep.evaluate_sync()
         except Exception as e:
-            log.warning("harness episode %s/%s failed", preset.name, task_id, exc_info=True)
-            exit_info = {**exit_info, "error": f"{type(e).__name__}: {e}"}
-            artifacts = {}
+            ep.fail("error", f"{type(e).__name__}: {e}")
         finally:
-            env.close()  # the sandbox and every process the harness left behind
-        from envhub.verifier import safe_verify
-
-        run_s = time.perf_counter() - t0
-        score = safe_verify(spec.verifier, task, artifacts)
-        eval_s = time.perf_counter() - t0 - run_s
-        if any(c.ok for c in session.calls):
-            self.gateway.set_reward(session, score.reward)
-        self.gateway.end_session(session)
-        trajs = build(session, self.builder)
-        self.gateway.drop_session(session)
-        details = {"harness": preset.name, "harness_exit": exit_info, "score": score.details}
-        metrics = {"run_s": round(run_s, 3), "eval_s": round(eval_s, 3)}
-        if not trajs:
-            why = exit_info.get("error") or (f"the {preset.name} harness made no model call (exit "
-                                             f"{exit_info.get('exit_code')}): {exit_info.get('output_tail', '')[-500:]}")
-            return [Trajectory.failed(spec.id, task_id, "error", why, reward=score.reward, passed=score.passed,
-                                      details=details, metrics=metrics)]
-        for t in trajs:
-            t.env_id, t.task_id, t.passed = spec.id, task_id, score.passed
-            t.details.update(details)
-            t.metrics.update(metrics)
-            if exit_info.get("error") and t.finish_reason not in ("error", "cancelled"):
-                t.finish_reason, t.error = "error", exit_info["error"]
-        return trajs
+            ep.close_sync()
+        return ep.trajectories
 
     def _run_harness(self, env: Any, preset: Preset, session: Any, instructions: str, timeout_s: float) -> dict:
         sb, key = env.sandbox, session.api_key
@@ -165,3 +155,140 @@ class HarnessRunner:
         if r.timed_out:
             info["error"] = f"the {preset.name} harness ran past its {timeout_s:g} s budget and was killed"
         return info
+
+
+class HarnessEpisode:
+    """One harness episode in stages, with the interface of the executor's ``Episode`` (``init``, ``run``,
+    ``evaluate``, ``close``, ``traj``, ``fail``), so the rollout service's INIT/RUN/EVAL pools drive it unchanged.
+    ``traj`` is the main chain once evaluated; ``trajectories`` all of the session's."""
+
+    def __init__(self, runner: HarnessRunner, spec: Any, preset: Preset, task: dict, *, timeout_s: float = 600.0,
+                 max_calls: int = 60, env_kwargs: dict | None = None, config: Any = None, env: Any = None,
+                 session_backend: Any = None):
+        from envhub.rollout.executor import RolloutConfig
+
+        self.runner, self.spec, self.preset, self.task = runner, spec, preset, dict(task)
+        self.timeout_s, self.max_calls, self.session_backend = timeout_s, max_calls, session_backend
+        self.config = config or RolloutConfig(env_kwargs=dict(env_kwargs or {}))
+        self.env, self.codec = env, None
+        self.task_id = str(task.get("task_id") or task.get("instance_id") or "")
+        self.traj = Trajectory(env_id=spec.id, task_id=self.task_id)
+        self.trajectories: list[Trajectory] = []
+        self.session: Any = None
+        self.instructions, self.exit_info, self.artifacts = "", {}, {}
+        self.metrics: dict[str, float] = {}
+        self._t0 = time.perf_counter()
+
+    # ---- the executor Episode's bookkeeping --------------------------------------------------------------------
+    @property
+    def failed(self) -> bool:
+        return self.traj.finish_reason in ("error", "timeout", "cancelled")
+
+    def fail(self, reason: str, error: str) -> None:
+        if not self.failed:
+            self.traj.finish_reason, self.traj.error = reason, error
+            self.traj.reward, self.traj.passed = 0.0, False
+            for t in self.trajectories:
+                t.finish_reason, t.error, t.reward, t.passed = reason, error, 0.0, False
+
+    def trajectory(self) -> Trajectory:
+        return self.traj
+
+    @property
+    def turns(self) -> list[tuple[int, int, int]]:
+        """The main chain's model calls as the executor's ``Episode.turns`` (see ``envhub.gateway.builders``)."""
+        return [tuple(t) for t in self.traj.details.get("turns", [])]
+
+    # ---- stages --------------------------------------------------------------------------------------------------
+    def init_sync(self) -> None:
+        if self.env is None:
+            self.env = self.spec.make(**self.config.env_kwargs)
+        base_spec_for, gateway_dir = self.env.sandbox_spec_for, self.runner.dir
+
+        def spec_for(t: Any) -> Any:
+            s = base_spec_for(t)
+            s.binds = list(s.binds) + [(str(HARNESS_DIR), str(HARNESS_DIR), "ro"), (gateway_dir, GATEWAY_DIR, "ro")]
+            s.memory_mb = None  # node and the harness binaries reserve far more address space than RLIMIT_AS allows
+            s.max_procs = max(s.max_procs or 0, 512)
+            return s
+
+        self.env.sandbox_spec_for = spec_for
+        obs, _ = self.env.reset(options={"task": self.task})
+        self.instructions = next((m["content"] for m in obs if m.get("role") == "user"), "")
+        self.session = self.runner.gateway.start_session(self.task_id, task=self.task)
+        self.session.max_calls, self.session.backend = self.max_calls, self.session_backend
+
+    def run_sync(self) -> None:
+        try:
+            self.exit_info = self.runner._run_harness(self.env, self.preset, self.session, self.instructions,
+                                                      self.timeout_s)
+            self.artifacts = self.env.finish_artifacts(None)
+        except Exception as e:
+            log.warning("harness episode %s/%s failed", self.preset.name, self.task_id, exc_info=True)
+            self.exit_info = {**self.exit_info, "error": f"{type(e).__name__}: {e}"}
+        finally:
+            release = getattr(self.env, "release_sandbox", None)
+            if release is not None:
+                release()  # the sandbox and every process the harness left behind; EVAL grades in fresh ones
+        self.metrics["run_s"] = round(time.perf_counter() - self._t0, 3)
+
+    def evaluate_sync(self) -> None:
+        from envhub.verifier import safe_verify
+
+        t0 = time.perf_counter()
+        score = safe_verify(self.spec.verifier, self.task, self.artifacts)
+        self.metrics["eval_s"] = round(time.perf_counter() - t0, 3)
+        gw, session = self.runner.gateway, self.session
+        if any(c.ok for c in session.calls):
+            gw.set_reward(session, score.reward)
+        gw.end_session(session)
+        trajs = build(session, self.runner.builder)
+        gw.drop_session(session)
+        self.session = None
+        details = {"harness": self.preset.name, "harness_exit": self.exit_info, "score": score.details}
+        if not trajs:
+            ex = self.exit_info
+            why = ex.get("error") or (f"the {self.preset.name} harness made no model call (exit "
+                                      f"{ex.get('exit_code')}): {ex.get('output_tail', '')[-500:]}")
+            trajs = [Trajectory.failed(self.spec.id, self.task_id, "error", why, reward=score.reward,
+                                       passed=score.passed)]
+        for t in trajs:
+            t.env_id, t.task_id, t.passed = self.spec.id, self.task_id, score.passed
+            t.details.update(details, chains=len(trajs))
+            t.metrics.update(self.metrics)
+            if self.exit_info.get("error") and t.finish_reason not in ("error", "cancelled"):
+                t.finish_reason, t.error = "error", self.exit_info["error"]
+        failed = self.traj.finish_reason if self.failed else None
+        self.trajectories, self.traj = trajs, trajs[0]
+        if failed:  # a failure marked before EVAL (the service's timeout) still stands
+            self.fail(failed, self.traj.error or failed)
+
+    def close_sync(self) -> None:
+        env, self.env = self.env, None
+        if env is not None:
+            env.close()
+        if self.session is not None:  # cut short before EVAL: nothing more will be recorded for it
+            self.runner.gateway.drop_session(self.session)
+            self.session = None
+        if not self.trajectories:
+            self.trajectories = [self.traj]
+
+    async def init(self) -> None:
+        import asyncio
+
+        await asyncio.to_thread(self.init_sync)
+
+    async def run(self) -> None:
+        import asyncio
+
+        await asyncio.to_thread(self.run_sync)
+
+    async def evaluate(self) -> None:
+        import asyncio
+
+        await asyncio.to_thread(self.evaluate_sync)
+
+    async def close(self) -> None:
+        import asyncio
+
+        await asyncio.to_thread(self.close_sync)

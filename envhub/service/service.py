@@ -67,6 +67,7 @@ class RolloutService:
         self._specs: dict[str, Any] = {}
         self._tasks: dict[tuple[str, str], dict[str, dict]] = {}
         self._load_lock: asyncio.Lock | None = None
+        self._harness_runner: Any = None  # the gateway, on a Unix socket, for harness jobs (started on first use)
 
     # ---- lifecycle ----------------------------------------------------------------------------------------------
     @property
@@ -93,6 +94,9 @@ class RolloutService:
     async def shutdown(self) -> None:
         """Stop, then close the backends (process exit)."""
         await self.stop()
+        if self._harness_runner is not None:
+            runner, self._harness_runner = self._harness_runner, None
+            await runner.aclose()
         await self.pool.close()
         executor = self.pipeline._executor
         if executor is not None:
@@ -159,7 +163,10 @@ class RolloutService:
         if isinstance(seed, int) and not isinstance(seed, bool):
             config.seed = seed
         loop = asyncio.get_running_loop()
-        episode = Episode(spec, task, self.pool, self.tokenizer, config, session_id=job_id)
+        if req.instance.get("harness") is not None:
+            episode = await self._harness_episode(req.instance["harness"], spec, task, config, timeout)
+        else:
+            episode = Episode(spec, task, self.pool, self.tokenizer, config, session_id=job_id)
         job = Job(job_id, spec, task, dict(req.instance), episode, PhaseTimer(timeout), loop.create_future(),
                   fingerprint=fp)
         if ignored:
@@ -173,6 +180,29 @@ class RolloutService:
             self.pipeline.cancel(job_id)
         await job.future
         return job.body
+
+    async def _harness_episode(self, harness: Any, spec: Any, task: dict, config: Any, timeout: Any) -> Any:
+        """An unmodified agent CLI for this job (``instance.harness``): its model calls go through the gateway to
+        this service's backends; with only ``golden`` backends, the harness's own scripted golden plays."""
+        from envhub.harness.episode import HarnessEpisode, HarnessRunner
+        from envhub.harness.presets import HarnessNotInstalled, get_preset, golden_commands, scripted
+
+        try:
+            preset = get_preset(str(harness))
+            preset.check_installed()
+        except (ValueError, HarnessNotInstalled) as e:
+            raise ServiceError(400, str(e)) from None
+        if self._harness_runner is None:
+            from envhub.gateway import Gateway
+
+            self._harness_runner = await HarnessRunner.in_loop(Gateway(self.pool, self.tokenizer))
+        backend = None
+        if self.pool.backends and all(getattr(b, "name", "") == "golden" for b in self.pool.backends.values()):
+            from envhub.backends.scripted import ScriptedBackend
+
+            backend = ScriptedBackend(scripted(preset, golden_commands))
+        return HarnessEpisode(self._harness_runner, spec, preset, task, config=config,
+                              timeout_s=float(timeout or 600.0), session_backend=backend)
 
     def _on_finish(self, job: Job, result: dict[str, Any]) -> None:
         job.body = encode_result(result)

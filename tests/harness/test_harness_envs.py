@@ -173,3 +173,29 @@ def test_rollout_cli_one_line(swe_gym, tmp_path):
     trajs = load_trajectories(tmp_path / "run")
     assert len(trajs) == 2 and all(t.reward == 1.0 and any(t.loss_mask) for t in trajs)
 
+
+
+def test_one_harness_run_through_the_rollout_service(swe_gym, smollm2_tokenizer):
+    """The service takes ``instance.harness`` through INIT/RUN/EVAL: Codex solves the task, the reply is the main
+    chain with ProRL's fields; an unknown harness is a 400 naming the known ones."""
+    import httpx
+
+    from envhub.service import RolloutService, ServerThread
+
+    installed("codex")
+    spec, tasks = swe_gym
+    with ServerThread(RolloutService(smollm2_tokenizer, backends=["golden"])) as srv:
+        body = {"instance": {"env_id": "swe-gym", "task_id": tasks[0]["task_id"], "harness": "codex"},
+                "sampling_params": {}}
+        r = httpx.post(srv.url + "/process", json=body, timeout=300)
+        assert r.status_code == 200, r.text
+        out = r.json()
+        assert out["reward"] == 1.0 and out["finish_reason"] == "done", out.get("error")
+        assert out["details"]["harness"] == "codex" and out["details"]["chain_role"] == "main"
+        assert sum(m.get("role") == "assistant" for m in out["messages"]) == 2  # the chain's two calls
+        # ProRL's clients concatenate the per-message token ids: exactly the record
+        assert [i for m in out["messages"] for i in m["token_ids"]] == out["prompt_ids"] + out["response_ids"]
+        bad = httpx.post(srv.url + "/process", json={**body, "instance": {**body["instance"], "harness": "nope"},
+                                                    "job_id": "bad"}, timeout=60)
+        assert bad.status_code == 400 and "known: codex" in bad.text
+    assert stray_processes() == []
