@@ -27,7 +27,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 def stub_server(preset, command: str):
     """A bare model server for ``preset``'s API: turn 1 runs ``command`` with the harness's shell tool, turn 2 ends."""
-    from envhub.gateway import dialects
     from envhub.gateway.core import ChatResult
     from envhub.gateway.dialects import anthropic, chat, responses
     from envhub.gateway.records import CallRecord, new_id
@@ -67,7 +66,6 @@ def stub_server(preset, command: str):
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    _ = dialects
     return server, f"http://127.0.0.1:{server.server_address[1]}"
 
 

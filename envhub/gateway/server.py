@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from envhub.gateway.core import Gateway
-from envhub.service.server import ServerThread, bind, check_binding, raise_fd_limit
+from envhub.service.server import ServerThread, bind, check_binding, raise_fd_limit, serve_until_stopped
 
 
 def make_server(gateway: Gateway, *, host: str = "127.0.0.1", port: int = 0, token: str | None = None,
@@ -40,18 +40,5 @@ class GatewayThread(ServerThread):
 
 def serve(gateway: Gateway, *, host: str = "127.0.0.1", port: int = 8090, token: str | None = None,
           on_ready: Any = None, **kw: Any) -> None:
-    import asyncio
-
     raise_fd_limit()
-    server = make_server(gateway, host=host, port=port, token=token, **kw)
-    sock = bind(host, port)
-
-    async def main() -> None:
-        task = asyncio.create_task(server.serve(sockets=[sock]))
-        while not server.started and not task.done():
-            await asyncio.sleep(0.02)
-        if server.started and on_ready is not None:
-            on_ready(sock.getsockname()[1])
-        await task
-
-    asyncio.run(main())
+    serve_until_stopped(make_server(gateway, host=host, port=port, token=token, **kw), bind(host, port), on_ready)

@@ -94,12 +94,16 @@ def serve(service: Any, *, host: str = "127.0.0.1", port: int = 8006, token: str
           autostart: bool = True, log_level: str = "warning", on_ready: Any = None, **limits: Any) -> None:
     """Serve until SIGINT/SIGTERM; on the way out every job is cancelled and every sandbox stopped. ``limits``:
     ``max_body_bytes``, ``header_timeout_s``, ``body_timeout_s``, ``max_connections`` (see :func:`make_server`)."""
-    import asyncio
 
     raise_fd_limit()
     server = make_server(service, host=host, port=port, token=token, autostart=autostart, log_level=log_level,
                          **limits)
-    sock = bind(host, port)
+    serve_until_stopped(server, bind(host, port), on_ready)
+
+
+def serve_until_stopped(server: Any, sock: socket.socket, on_ready: Any = None) -> None:
+    """Run a configured uvicorn ``server`` on ``sock`` until SIGINT/SIGTERM; ``on_ready(port)`` once it listens."""
+    import asyncio
 
     async def main() -> None:
         task = asyncio.create_task(server.serve(sockets=[sock]))

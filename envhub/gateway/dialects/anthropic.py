@@ -12,7 +12,7 @@ import json
 from typing import Any
 
 from envhub.gateway.core import ChatRequest, ChatResult
-from envhub.gateway.dialects import refuse_choices, sampling, sse
+from envhub.gateway.dialects import chat, refuse_choices, sampling, sse
 from envhub.gateway.matching import text_of
 from envhub.gateway.messages import BadRequest, tool_call
 
@@ -69,19 +69,14 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _tools(tools: Any) -> list[dict[str, Any]] | None:
-    if tools is None:
-        return None
+    """Custom tools as chat tools; server tools (``web_search_...``, ``bash_...``: a ``type`` other than ``custom``)
+    are left out. Anthropic's ``input_schema`` is the function's ``parameters``."""
     if not isinstance(tools, list):
-        raise BadRequest("tools must be a list", param="tools")
-    out = []
-    for i, t in enumerate(tools):
-        if not isinstance(t, dict) or t.get("type") not in (None, "custom"):
-            continue
-        if not isinstance(t.get("name"), str) or not t["name"]:
-            raise BadRequest(f"tools[{i}] needs a name", param=f"tools[{i}]")
-        out.append({"type": "function", "function": {"name": t["name"], "description": t.get("description") or "",
-                                                     "parameters": t.get("input_schema") or {"type": "object"}}})
-    return out or None
+        return chat.function_tools(tools)  # None, or the error for a non-list
+    flat = [{"type": "function", "name": t.get("name"), "description": t.get("description"),
+             "parameters": t.get("input_schema") or {"type": "object"}}
+            if isinstance(t, dict) and t.get("type") in (None, "custom") else {"type": "server-tool"} for t in tools]
+    return chat.function_tools(flat, flat=True)
 
 
 def parse(body: dict[str, Any], *, counting: bool = False) -> ChatRequest:
