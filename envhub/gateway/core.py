@@ -155,7 +155,9 @@ class Gateway:
         k = tools_key(tools) if k is None else k
         codec = self._codecs.get(k)
         if codec is None:
-            codec = self._codecs[k] = ChatCodec.shared(self.tokenizer, tools=tools or None, parser=self.parser)
+            if len(self._codecs) >= MAX_CODECS:  # a client varying its tools on every call must not grow memory
+                self._codecs.pop(next(iter(self._codecs)))
+            codec = self._codecs[k] = ChatCodec(self.tokenizer, tools=tools or None, parser=self.parser)
         return codec
 
     def count_tokens(self, req: ChatRequest) -> int:
@@ -268,6 +270,7 @@ class Gateway:
             return await backend.generate(call.prompt_ids, params, session_id=session.session_id)
 
 
+MAX_CODECS = 64  # tool sets kept compiled (a codec holds its learned frames; most harnesses send one tool set)
 _ID_PREFIX = {"chat": "chatcmpl-", "responses": "resp_", "anthropic": "msg_"}
 
 
