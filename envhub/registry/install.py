@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from envhub.plugins import UnknownEnv, unknown_message
-from envhub.registry import (  # tomllib: the stdlib module, or tomli on Python 3.10
+from envhub.registry.model import (  # tomllib: the stdlib module, or tomli on Python 3.10
     ARCHIVE_SUFFIXES, tomllib, Entry, Registry, RegistryError, Source, compute_sha256, content_hash, parse_source,
     source_files, split_requirement,
 )

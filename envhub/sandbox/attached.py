@@ -18,12 +18,13 @@ import os
 from time import monotonic
 from typing import TYPE_CHECKING
 
-from envhub.sandbox import base  # a module reference: base imports this module while it is being defined
+from envhub.sandbox import results as base  # the leaf module of results and errors (no cycle with .base)
 from envhub.sandbox.agent.bash import SHELL_EXITED, poller, roundtrip, strip_sentinels
 from envhub.sandbox.agent.limits import OutputCap, clip
 
 if TYPE_CHECKING:
-    from envhub.sandbox.base import ExecResult, Sandbox
+    from envhub.sandbox.base import Sandbox
+    from envhub.sandbox.results import ExecResult
 
 
 class AttachedShell:
