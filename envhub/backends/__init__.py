@@ -28,11 +28,14 @@ def make_backend(spec: str, *, policy: Any = None, codec: Any = None, **kwargs: 
     * ``"http://host:port"`` (or ``https://``): :class:`~envhub.backends.openai.OpenAIBackend` on vLLM's
       ``/v1/completions``; ``"sglang+http://host:port"`` uses SGLang's ``/generate``. Several addresses separated
       by commas make a :class:`~envhub.backends.pool.BackendPool` of them.
+    * ``"chat+http://host:port"``: :class:`~envhub.backends.chat.ChatBackend`, any OpenAI-compatible chat endpoint,
+      text only (evaluation, not training; ``api_model=`` names the model to ask for).
     * ``"vllm:MODEL"``: :class:`~envhub.backends.vllm.VLLMBackend` (in-process engine; needs vllm installed).
     * anything else (``"tiny"``, ``"tiny-llama3"``, ``"smollm2"``, a local model directory):
       :class:`~envhub.backends.hf.HFBackend`, the name resolved by :func:`envhub.models.resolve_model`.
 
-    ``kwargs`` go to the backend's constructor.
+    ``kwargs`` go to the backend's constructor. This is the one factory: the CLI (``--model``), the gateway, the
+    rollout service (``--backend``, ``POST /add_llm_server``) all build backends here.
     """
     spec = spec.strip()
     if not spec:
@@ -43,6 +46,10 @@ def make_backend(spec: str, *, policy: Any = None, codec: Any = None, **kwargs: 
         from envhub.backends.scripted import ScriptedBackend
 
         return ScriptedBackend(policy, codec=codec, **kwargs)
+    if spec.startswith(("chat+http://", "chat+https://")):
+        from envhub.backends.chat import ChatBackend
+
+        return ChatBackend(spec[len("chat+"):], kwargs.pop("api_model", None), **kwargs)
     if "," in spec and all(_is_url(s.strip()) for s in spec.split(",")):
         from envhub.backends.pool import BackendPool
 

