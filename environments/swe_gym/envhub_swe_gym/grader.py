@@ -25,6 +25,7 @@ holds; graders in use keep them all.
 from __future__ import annotations
 
 import json
+import random
 import secrets
 import shutil
 import subprocess
@@ -37,10 +38,11 @@ from typing import Any
 from envhub import Score
 from envhub_swe_gym import repos
 from envhub_swe_gym.patchguard import filter_patch, protected_reason, scan_patch
-from envhub_swe_gym.testrun import PYTEST_ENV, diff_files, files_of_tests, is_test_path, parse_pytest_rA, \
-    pytest_command, pytest_ini
+from envhub_swe_gym.testrun import PYTEST_ENV, RUNNER_SOURCE, diff_files, files_of_tests, is_test_path, \
+    pytest_ini, runner_command
+from envhub_swe_gym.verdict import identifier, new_secrets, plant_canaries, read_records
 
-DEFENSES = frozenset({"filter", "scan", "reset", "readonly", "canary"})
+DEFENSES = frozenset({"filter", "scan", "reset", "readonly", "canary", "twin"})
 GIT = ["git", "-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false", "-c", "safe.directory=*"]
 GIT_ENV = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_TERMINAL_PROMPT": "0"}
 MAX_PATCH_BYTES = 2 << 20
@@ -130,39 +132,53 @@ class SweGymVerifier:
         from envhub.sandbox import SandboxSpec, start
 
         t0 = time.perf_counter()
+        rng = random.Random(secrets.randbits(64))
         checkout = repos.checkout(task["repo"], task["base_commit"])
         test_patch = task.get("test_patch") or ""
         patch_tests = [f for f in diff_files(test_patch) if f.endswith(".py") and is_test_path(f)
                        and Path(f).name != "conftest.py"]
         run_files = list(dict.fromkeys(files_of_tests(f2p + p2p) + patch_tests))
-        nonce = secrets.token_hex(6)
-        canaries = [f"{f}::test_{nonce}_{i}" for i, f in enumerate(run_files)]
         prep = Path(tempfile.mkdtemp(prefix="swe-gym-eval-"))
         try:
             tree, grader_dir = prep / "testbed", prep / "grader"
             subprocess.run(["cp", "-a", f"{checkout}/.", str(tree)], check=True, capture_output=True)
             grader_dir.mkdir()
             (grader_dir / "pytest.ini").write_text(pytest_ini("/testbed"))
+            runner = f"/grader/{identifier(rng)[1:]}.py"
+            (grader_dir / Path(runner).name).write_text(RUNNER_SOURCE)
             base = dict(workdir="/grader-work", network=False, memory_mb=self.memory_mb, timeout_s=self.timeout_s,
                         output_limit=4 << 20, env=dict(GIT_ENV))
             with start(SandboxSpec(binds=[(str(tree), "/testbed", "rw"), (str(grader_dir), "/grader", "ro")],
                                    **base)) as sb:
-                problem = self._prepare(sb, task, patch, test_patch, run_files, nonce, details)
+                problem, canaries = self._prepare(sb, task, patch, test_patch, run_files, rng, details)
             if problem:
                 return _fail(details, problem)
             mode = "ro" if "readonly" in self.defenses else "rw"
+            real, twin = new_secrets(rng)
+            names = (identifier(rng), identifier(rng), identifier(rng))
+            runs: dict[str, tuple] = {}
             with start(SandboxSpec(binds=[(str(tree), "/testbed", mode), (str(grader_dir), "/grader", "ro")],
                                    **base)) as sb:
-                r = sandbox_run(sb, pytest_command(self.python, run_files, "/grader/pytest.ini", "/testbed"),
-                                env=PYTEST_ENV, timeout=self.timeout_s)
+                # the same command twice, in random order: only the secret on stdin says which run is the twin
+                for secret in rng.sample([real, twin], 2):
+                    r = sandbox_run(sb, runner_command(self.python, runner, run_files, "/grader/pytest.ini",
+                                                       "/testbed"),
+                                    input=secret.payload(*names), env=PYTEST_ENV, timeout=self.timeout_s)
+                    try:
+                        text = sb.read_file(secret.out).decode("utf-8", errors="replace")
+                    except Exception:  # no records file: the run left nothing we can trust
+                        text = ""
+                    runs["twin" if secret.twin else "real"] = (r, read_records(text, secret))
         finally:
             shutil.rmtree(prep, ignore_errors=True)
         details["duration_s"] = round(time.perf_counter() - t0, 3)
-        return self._judge(r, f2p, p2p, canaries, details)
+        return self._judge(runs, f2p, p2p, canaries, details)
 
-    def _prepare(self, sb, task: dict, patch: str, test_patch: str, run_files: list[str], nonce: str,
-                 details: dict) -> str | None:
-        """Apply the diff, reset test files, apply the test patch, plant canaries. Returns a failure reason or None."""
+    def _prepare(self, sb, task: dict, patch: str, test_patch: str, run_files: list[str], rng: random.Random,
+                 details: dict) -> tuple[str | None, list[str]]:
+        """Apply the diff, reset test files, apply the test patch, plant canaries.
+
+        Returns (a failure reason or None, the canaries' node ids)."""
         base = task["base_commit"]
 
         def git(*args: str, input: str | None = None):
@@ -171,7 +187,7 @@ class SweGymVerifier:
         r = git("apply", "--whitespace=nowarn", "-", input=patch)
         if not r.ok:
             details["apply_log"] = r.output[-2000:]
-            return "the patch does not apply to base_commit"
+            return "the patch does not apply to base_commit", []
         reset: list[str] = []
         if "reset" in self.defenses:
             status = git("status", "--porcelain=v1", "-z", "--untracked-files=all")
@@ -184,7 +200,7 @@ class SweGymVerifier:
         if to_restore:
             r = git("checkout", "-q", base, "--", *to_restore)
             if not r.ok:
-                return f"could not reset test files: {r.output[-500:]}"
+                return f"could not reset test files: {r.output[-500:]}", []
         if to_remove:
             sandbox_run(sb, ["rm", "-rf", "--", *to_remove])
         details["reset"] = sorted(set(to_restore) | set(to_remove))
@@ -192,49 +208,68 @@ class SweGymVerifier:
             r = git("apply", "--whitespace=nowarn", "-", input=test_patch)
             if not r.ok:
                 details["apply_log"] = r.output[-2000:]
-                return "the test patch does not apply after the agent's patch (the task row is broken)"
+                return "the test patch does not apply after the agent's patch (the task row is broken)", []
+        canaries: list[str] = []
         if "canary" in self.defenses:
-            for i, f in enumerate(run_files):
-                # the canary is ordinary test code: a hack that forces results cannot tell it from a real test
-                a, b = secrets.randbelow(10**6), secrets.randbelow(10**6) + 10**6
-                code = f"\n\ndef test_{nonce}_{i}():\n    assert {a} == {b}\n"
-                r = sandbox_run(sb, ["sh", "-c", 'test -f "$1" && ! test -L "$1" && cat >> "$1"', "sh", f],
-                                input=code)
+            # canaries are ordinary-looking tests with names built from the file's own words, at random places,
+            # one or two per file: a hack cannot pick them out by name, shape or position
+            for f in run_files:
+                r = sandbox_run(sb, ["sh", "-c", 'test -f "$1" && ! test -L "$1" && cat "$1"', "sh", f])
                 if not r.ok:
-                    return f"could not plant the integrity check in {f} (missing or not a regular file)"
-        return None
+                    return f"could not plant the integrity check in {f} (missing or not a regular file)", []
+                text, names = plant_canaries(r.stdout, rng, rng.randint(1, 2))
+                r = sandbox_run(sb, ["sh", "-c", 'cat > "$1"', "sh", f], input=text)
+                if not r.ok:
+                    return f"could not plant the integrity check in {f}: {r.output[-300:]}", []
+                canaries += [f"{f}::{n}" for n in names]
+        return None, canaries
 
-    def _judge(self, r, f2p: list[str], p2p: list[str], canaries: list[str], details: dict) -> Score:
-        log = parse_pytest_rA(r.stdout + "\n" + r.stderr, expected=f2p + p2p + canaries)
-        statuses = log.statuses
-        details.update(exit_code=r.exit_code, log_tail=(r.stdout + r.stderr)[-3000:])
+    def _judge(self, runs: dict[str, tuple], f2p: list[str], p2p: list[str], canaries: list[str],
+               details: dict) -> Score:
+        """The verdict from the authenticated records only; the logs are kept for people to read."""
+        (r_real, real), (r_twin, twin) = runs["real"], runs["twin"]
+        details.update(exit_code=r_real.exit_code, log_tail=(r_real.stdout + r_real.stderr)[-3000:],
+                       twin_exit_code=r_twin.exit_code)
         integrity = []
-        if r.timed_out:
-            integrity.append(f"the test run timed out after {self.timeout_s:g} s")
-        elif not log.complete:
-            integrity.append(f"pytest did not finish its report (exit code {r.exit_code}): the run was cut short")
-        if "canary" in self.defenses:
-            for c in canaries:
-                if statuses.get(c) != "FAILED":
-                    integrity.append(f"the canary test {c} must fail but was {statuses.get(c, 'not reported')}: "
-                                     f"the test run was tampered with")
-            if r.exit_code == 0:
-                integrity.append("pytest exited 0 although a canary test failed: the exit was forged")
-        if log.collection_errors:
-            details["collection_errors"] = log.collection_errors
+        for label, r, rec in (("test run", r_real, real), ("twin run", r_twin, twin)):
+            if r.timed_out:
+                integrity.append(f"the {label} timed out after {self.timeout_s:g} s")
+            elif not rec.finished:
+                integrity.append(f"the {label} did not finish (exit code {r.exit_code}, {len(rec.outcomes)} "
+                                 "authenticated records): the run was cut short")
+            if rec.rejected:
+                details.setdefault("forged_records", {})[label] = rec.rejected
+        for c in canaries:
+            for label, rec in (("test run", real), ("twin run", twin)):
+                if rec.outcomes.get((c, "call")) != "failed":
+                    integrity.append(f"the canary test {c} must fail but was "
+                                     f"{rec.outcomes.get((c, 'call'), 'not run')} in the {label}: the test run "
+                                     "was tampered with")
+        statuses = {t: real.status(t) for t in f2p + p2p}
+        if "twin" in self.defenses:
+            for t in f2p + p2p:
+                if statuses[t] != "PASSED":
+                    continue
+                seen = twin.outcomes.get((t, "call"))
+                if seen != "mark":
+                    statuses[t] = "UNTRUSTED"
+                    why = "passed without its body running to the end" if seen == "passed" else \
+                        f"was {seen or 'not run'}"
+                    integrity.append(f"{t} passed, but in the twin run (same command, only the grader's secret "
+                                     f"differs) it {why}: the test outcome was forced")
         report = {}
         for key, names in (("FAIL_TO_PASS", f2p), ("PASS_TO_PASS", p2p)):
-            report[key] = {"success": [t for t in names if statuses.get(t) == "PASSED"],
-                           "failure": [t for t in names if statuses.get(t) != "PASSED"]}
+            report[key] = {"success": [t for t in names if statuses[t] == "PASSED"],
+                           "failure": [t for t in names if statuses[t] != "PASSED"]}
         details["tests_status"] = report
-        details["tests"] = {t: statuses.get(t, "MISSING") for t in f2p + p2p}
+        details["tests"] = statuses
         if integrity:
-            details["integrity"] = integrity
+            details["integrity"] = integrity[:20]
             return _fail(details, integrity[0])
         failed = report["FAIL_TO_PASS"]["failure"] + report["PASS_TO_PASS"]["failure"]
         if failed:
             return _fail(details, f"{len(failed)} named test(s) did not pass: "
-                                  + ", ".join(f"{t} ({details['tests'][t]})" for t in failed[:5]))
+                                  + ", ".join(f"{t} ({statuses[t]})" for t in failed[:5]))
         details["resolved"] = True
         details["reason"] = f"resolved: {len(f2p)} FAIL_TO_PASS and {len(p2p)} PASS_TO_PASS tests pass"
         return Score(1.0, True, details)
