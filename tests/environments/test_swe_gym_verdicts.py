@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from envhub_swe_gym import loader, patchguard, policies, repos, verdict, verdict_runner
+from envhub_swe_gym import loader, patchguard, policies, repos, testrun, verdict, verdict_runner
 from envhub_swe_gym.gitutil import git, out
 from envhub_swe_gym.grader import DEFENSES, SweGymVerifier
 
@@ -178,6 +178,24 @@ def test_each_new_hack_beat_the_old_grader_and_fails_now(hack, rows, old_verifie
 
 
 @needs_bwrap
+@pytest.mark.slow
+@pytest.mark.parametrize("hack", ["conftest-force-pass", "runner-monkeypatch", "exit-on-import"])
+def test_report_forcing_beat_the_old_bare_grader_and_the_records_alone_stop_it(hack, rows, old_verifier, tmp_path):
+    """With every defense switched off, the old grader (log parsing) is beaten; the new one is not: its verdict
+    comes from the authenticated records, which these hacks cannot write."""
+    row = rows["envhub__spanlib-21"]
+    patch = make_diff(row, policies.HACKS[hack](row), tmp_path) if hack != "conftest-force-pass" else \
+        make_diff(row, [op for op in policies.HACKS[hack](row) if op[0] != "remove"], tmp_path)
+    bare_old = type(old_verifier)(defenses=frozenset())
+    with ThreadPoolExecutor(2) as pool:
+        old, new = pool.map(lambda v: v.verify(row, {"patch": patch}), (bare_old, SweGymVerifier(defenses=set())))
+    assert old.passed, f"{hack} should beat the old undefended grader: {old.details.get('reason')}"
+    assert not new.passed, new.details["reason"]
+    expected = "did not finish" if hack == "exit-on-import" else "did not pass"  # os._exit leaves no end record
+    assert expected in new.details["reason"], new.details["reason"]
+
+
+@needs_bwrap
 def test_twin_run_is_what_stops_targeted_body_replacement(rows, tmp_path):
     """Replacing only the named tests' bodies leaves the canaries failing honestly and every record authentic;
     only the twin run (the body never reached its end) tells. Without the twin check the hack wins."""
@@ -201,3 +219,57 @@ def test_golden_passes_with_canaries_and_twins_and_forged_output_is_ignored(rows
     s = SweGymVerifier().verify(row, {"patch": patch})
     assert not s.passed and "short test summary info" in s.details["log_tail"], "the forged text was printed"
     assert "did not pass" in s.details["reason"]
+
+
+def run_runner(tmp_path, module_code: str, test_code: str, twin: bool, audit: bool = True):
+    """The verdict runner on a tiny project on the host (no sandbox): returns its verified records."""
+    (tmp_path / "mod.py").write_text(module_code)
+    (tmp_path / "tests").mkdir(exist_ok=True)
+    (tmp_path / "tests" / "test_m.py").write_text(test_code)
+    (tmp_path / "pytest.ini").write_text(testrun.pytest_ini(str(tmp_path)))
+    real, other = verdict.new_secrets(random.Random(0))
+    secret = other if twin else real
+    secret.out = str(tmp_path / f"records-{secret.run}")
+    runner = tmp_path / "runner.py"
+    runner.write_text(testrun.RUNNER_SOURCE)
+    argv = testrun.runner_command(sys.executable, str(runner), ["tests/test_m.py"], str(tmp_path / "pytest.ini"),
+                                  str(tmp_path))
+    subprocess.run(argv, cwd=tmp_path, input=secret.payload("_h", "_e", "_c", audit=audit), text=True,
+                   capture_output=True, timeout=120, env={**testrun.PYTEST_ENV, "PATH": os.environ["PATH"]})
+    return verdict.read_records(Path(secret.out).read_text(), secret)
+
+
+TRACER = """
+import sys
+
+
+def _tracer(frame, event, arg):
+    return _tracer
+
+
+try:
+    vars(sys)['set' + 'trace'](_tracer)
+except RuntimeError:
+    pass
+"""
+
+
+def test_runner_refuses_and_records_tracing(tmp_path):
+    """A tracer can jump over assert lines in the real and the twin run alike; the audit hook refuses it."""
+    test = "import mod\n\n\ndef test_ok():\n    assert 1 + 1 == 2\n"
+    rec = run_runner(tmp_path, TRACER, test, twin=False)
+    assert rec.finished and rec.tampering == ["sys.settrace"] and rec.passed("tests/test_m.py::test_ok")
+    rec = run_runner(tmp_path, TRACER, test, twin=False, audit=False)
+    assert rec.finished and rec.tampering == []
+
+
+def test_runner_twin_marks_only_bodies_that_ran_to_the_end(tmp_path):
+    test = ("import mod\n\n\ndef test_ok():\n    try:\n        return 1\n    except Exception:\n        pass\n\n\n"
+            "def test_bad():\n    assert mod.X == 2\n\n\nclass TestK:\n    def test_m(self):\n        assert [1] == [1]\n")
+    real = run_runner(tmp_path, "X = 1\n", test, twin=False)
+    twin = run_runner(tmp_path, "X = 1\n", test, twin=True)
+    assert real.passed("tests/test_m.py::test_ok") and real.passed("tests/test_m.py::TestK::test_m")
+    assert real.status("tests/test_m.py::test_bad") == "FAILED"
+    assert twin.outcomes[("tests/test_m.py::test_ok", "call")] == "mark", "an early return is an end too"
+    assert twin.outcomes[("tests/test_m.py::TestK::test_m", "call")] == "mark"
+    assert twin.outcomes[("tests/test_m.py::test_bad", "call")] == "failed"

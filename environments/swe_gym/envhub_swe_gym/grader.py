@@ -42,7 +42,7 @@ from envhub_swe_gym.testrun import PYTEST_ENV, RUNNER_SOURCE, diff_files, files_
     pytest_ini, runner_command
 from envhub_swe_gym.verdict import identifier, new_secrets, plant_canaries, read_records
 
-DEFENSES = frozenset({"filter", "scan", "reset", "readonly", "canary", "twin"})
+DEFENSES = frozenset({"filter", "scan", "reset", "readonly", "canary", "twin", "audit"})
 GIT = ["git", "-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false", "-c", "safe.directory=*"]
 GIT_ENV = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_TERMINAL_PROMPT": "0"}
 MAX_PATCH_BYTES = 2 << 20
@@ -163,7 +163,7 @@ class SweGymVerifier:
                 for secret in rng.sample([real, twin], 2):
                     r = sandbox_run(sb, runner_command(self.python, runner, run_files, "/grader/pytest.ini",
                                                        "/testbed"),
-                                    input=secret.payload(*names), env=PYTEST_ENV, timeout=self.timeout_s)
+                                    input=secret.payload(*names, audit="audit" in self.defenses), env=PYTEST_ENV, timeout=self.timeout_s)
                     try:
                         text = sb.read_file(secret.out).decode("utf-8", errors="replace")
                     except Exception:  # no records file: the run left nothing we can trust
@@ -239,6 +239,9 @@ class SweGymVerifier:
                                  "authenticated records): the run was cut short")
             if rec.rejected:
                 details.setdefault("forged_records", {})[label] = rec.rejected
+            if rec.tampering:
+                integrity.append(f"the code under test tried {', '.join(sorted(set(rec.tampering)))} during the "
+                                 f"{label} (refused): the test run was tampered with")
         for c in canaries:
             for label, rec in (("test run", real), ("twin run", twin)):
                 if rec.outcomes.get((c, "call")) != "failed":

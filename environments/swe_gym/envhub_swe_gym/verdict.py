@@ -30,9 +30,9 @@ class RunSecret:
     twin: bool
     out: str
 
-    def payload(self, module: str, end: str, cmp: str) -> str:
+    def payload(self, module: str, end: str, cmp: str, audit: bool = True) -> str:
         return json.dumps({"run": self.run, "key": self.key, "twin": self.twin, "out": self.out, "module": module,
-                           "end": end, "cmp": cmp})
+                           "end": end, "cmp": cmp, "audit": audit})
 
 
 def new_secrets(rng: random.Random) -> tuple[RunSecret, RunSecret]:
@@ -52,6 +52,7 @@ class RunRecords:
 
     outcomes: dict[tuple[str, str], str] = field(default_factory=dict)
     finished: bool = False
+    tampering: list[str] = field(default_factory=list)  # what the audit hook refused
     rejected: int = 0  # lines whose MAC, run id or sequence number did not check out
 
     def passed(self, nodeid: str) -> bool:
@@ -89,6 +90,9 @@ def read_records(text: str, secret: RunSecret) -> RunRecords:
         seq += 1
         if when == "end":
             out.finished = True
+            continue
+        if when == "tamper":
+            out.tampering.append(outcome)
             continue
         previous = out.outcomes.get((nodeid, when))
         if previous is None or previous == "passed":  # a phase recorded twice: anything but a pass wins

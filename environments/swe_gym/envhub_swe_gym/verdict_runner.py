@@ -198,8 +198,9 @@ def make_plugin(secret: dict):
     fd = os.open(secret["out"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600)
     seq = [0]
 
-    class Done(Exception):
-        """Raised at the end of a test body in the twin run."""
+    class Done(BaseException):
+        """Raised at the end of a test body in the twin run (not an ``Exception``: a test's own ``except Exception``
+        around a ``return`` must not swallow it)."""
 
     def end():
         if twin:
@@ -225,6 +226,9 @@ def make_plugin(secret: dict):
             return "skipped"
         return "failed"
 
+    if secret.get("audit", True):
+        install_audit_hook(lambda event: write("", "tamper", event))
+
     class Recorder:
         @pytest.hookimpl(wrapper=True)
         def pytest_runtest_makereport(self, item, call):
@@ -237,6 +241,37 @@ def make_plugin(secret: dict):
             write("", "end", str(int(exitstatus)))
 
     return Recorder()
+
+
+# What the code under test may not do in the test process: trace or profile code (a tracer can jump over every
+# assert line, in both runs alike), walk the garbage collector's object lists (the way to find the grader's helpers
+# in memory), open another process's memory, or reach raw memory through ctypes. An audit hook cannot be removed
+# from Python; each attempt is refused and recorded as tampering.
+BLOCKED_EVENTS = {"sys.settrace", "sys.setprofile", "sys.monitoring.register_callback", "gc.get_objects",
+                  "gc.get_referrers", "gc.get_referents", "ctypes.dlopen", "ctypes.dlsym", "ctypes.dlsym/handle",
+                  "ctypes.cdata", "ctypes.cdata/buffer", "ctypes.string_at", "ctypes.wstring_at", "ctypes.addressof"}
+
+
+def install_audit_hook(report) -> None:
+    busy = [False]
+
+    def hook(event: str, args: tuple) -> None:
+        if busy[0]:
+            return
+        bad = event in BLOCKED_EVENTS
+        if event == "open" and args and isinstance(args[0], (str, bytes)):
+            path = os.fsdecode(args[0])
+            bad = path.startswith("/proc/") and path.endswith("/mem")
+        if not bad:
+            return
+        busy[0] = True
+        try:
+            report(event)
+        finally:
+            busy[0] = False
+        raise RuntimeError(f"{event} is not allowed while the grader runs the tests")
+
+    sys.addaudithook(hook)
 
 
 def install_instrumentation(secret: dict) -> None:
