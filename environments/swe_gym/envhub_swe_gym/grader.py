@@ -9,15 +9,18 @@
    ``base_commit`` by construction).
 2. **Prepare** (sandbox A, fresh, no network): a clean copy of the repository at ``base_commit`` at ``/testbed``;
    ``git apply`` the diff; **reset** every test file the test patch touches to ``base_commit`` (and, as a second
-   line, any protected file the diff still changed); apply the ``test_patch``; append a *canary* test with a random
-   name to every test file that will run: it asserts something false, so it must be reported ``FAILED``.
-3. **Run** (sandbox B, fresh, no network): the tree is mounted **read-only** (code under test cannot rewrite tests,
-   plant a ``conftest.py`` or leave state), our own pytest command (:func:`~envhub_swe_gym.testrun.pytest_command`:
-   absolute interpreter, ``-I``, our ini, no plugin autoload) runs the test files with ``-rA``.
-4. **Parse** the summary; **check integrity**: pytest must have finished (summary and final line printed), and every
-   canary must be ``FAILED`` (a run where a failing test passes, or disappears, was tampered with).
-5. **Resolve**: every FAIL_TO_PASS test ``PASSED`` and every PASS_TO_PASS test ``PASSED`` (missing, skipped, xfail
-   and errors count as not passed). Reward 1.0 / 0.0; ``details`` holds SWE-bench's ``tests_status`` report.
+   line, any protected file the diff still changed); apply the ``test_patch``; plant one or two *canaries* per test
+   file: failing tests with names built from the file's own words, between random top-level statements.
+3. **Run** (sandbox B, fresh, no network, tree **read-only**): our pytest command (absolute interpreter, ``-I``, our
+   ini, no plugin autoload) runs **twice, in random order**, through the grader's launcher
+   (:mod:`~envhub_swe_gym.verdict_runner`): the real run and the twin run, told apart only by a secret on stdin.
+4. **Read** the HMAC-authenticated records of each run (:mod:`~envhub_swe_gym.verdict`); the pytest log is kept for
+   people, never read for a verdict. **Check integrity**: both runs finished; no tampering was refused by the audit
+   hook; every canary failed in both runs; every test that passed reached the end of its body in the twin run.
+5. **Resolve**: every FAIL_TO_PASS and PASS_TO_PASS test passed (setup, call and teardown; skipped, xfail, errors,
+   missing count as not passed). Reward 1.0 / 0.0; ``details`` holds SWE-bench's ``tests_status`` report.
+
+Why each step holds against code that runs inside the test process: docs/decisions.md, "#13 swe-gym verdicts".
 
 Defenses can be switched off one by one (``defenses=``) only so tests can show that each remaining line still
 holds; graders in use keep them all.
