@@ -273,3 +273,37 @@ def test_runner_twin_marks_only_bodies_that_ran_to_the_end(tmp_path):
     assert twin.outcomes[("tests/test_m.py::test_ok", "call")] == "mark", "an early return is an end too"
     assert twin.outcomes[("tests/test_m.py::TestK::test_m", "call")] == "mark"
     assert twin.outcomes[("tests/test_m.py::test_bad", "call")] == "failed"
+
+
+DAEMON = """
+
+import os as _os
+import time as _time
+
+_mark = '/tmp/.watcher-pid'
+if _os.path.exists(_mark):  # a later run: is the watcher we left still alive?
+    try:
+        _os.kill(int(open(_mark).read()), 0)
+        raise RuntimeError('the watcher from the previous run is alive in this one')
+    except ProcessLookupError:
+        pass
+elif _os.fork() == 0:
+    _os.setsid()
+    if _os.fork() == 0:
+        with open(_mark, 'w') as _f:
+            _f.write(str(_os.getpid()))
+        _time.sleep(600)
+    _os._exit(0)
+"""
+
+
+@needs_bwrap
+def test_nothing_from_the_first_run_lives_into_the_second(rows, tmp_path):
+    """A process the code under test leaves behind (it could read the next run's memory) is killed between runs.
+    The golden fix plus a watcher: it passes only if the watcher is gone when the second run imports the package.
+    (Checked by hand against a grader without ``kill_processes``: reward 0, 'the watcher ... is alive'.)"""
+    row = rows["envhub__spanlib-21"]
+    patch = row["patch"] + make_diff(row, [("append", "spanlib/__init__.py", DAEMON)], tmp_path)
+    s = SweGymVerifier(defenses=DEFENSES - {"scan"}).verify(row, {"patch": patch})  # the scan refuses os.fork
+    assert s.passed, s.details["reason"]
+    assert s.details.get("leftover_processes", 0) >= 1

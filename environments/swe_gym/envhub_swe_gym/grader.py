@@ -164,6 +164,10 @@ class SweGymVerifier:
                                    **base)) as sb:
                 # the same command twice, in random order: only the secret on stdin says which run is the twin
                 for secret in rng.sample([real, twin], 2):
+                    # nothing the previous run started (a daemon watching for the next run) lives into this one
+                    leftovers = sb.kill_processes()
+                    if leftovers and runs:
+                        details["leftover_processes"] = leftovers
                     r = sandbox_run(sb, runner_command(self.python, runner, run_files, "/grader/pytest.ini",
                                                        "/testbed"),
                                     input=secret.payload(*names, audit="audit" in self.defenses), env=PYTEST_ENV, timeout=self.timeout_s)

@@ -287,7 +287,19 @@ def install_instrumentation(secret: dict) -> None:
     rewrite.rewrite_asserts = rewrite_asserts
 
 
+def not_dumpable() -> None:
+    """``PR_SET_DUMPABLE`` 0: another process of the sandbox (one the code under test left running) cannot ptrace
+    this one or read its ``/proc/<pid>/mem``. Best effort: the grader also kills leftovers between runs."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
 def main() -> int:
+    not_dumpable()
     secret = read_secret()
     import pytest
 
