@@ -261,6 +261,12 @@ class SweGymVerifier:
                 if statuses[t] != "PASSED":
                     continue
                 seen = twin.outcomes.get((t, "call"))
+                path = f"/testbed/{t.split('::')[0]}"
+                if seen == "passed" and path not in twin.instrumented:
+                    statuses[t] = "UNVERIFIED"
+                    integrity.append(f"{t} cannot be verified: its file was not instrumented (assertion rewriting "
+                                     "is off for it, e.g. PYTEST_DONT_REWRITE in its docstring)")
+                    continue
                 if seen != "mark":
                     statuses[t] = "UNTRUSTED"
                     why = "passed without its body running to the end" if seen == "passed" else \

@@ -53,6 +53,7 @@ class RunRecords:
     outcomes: dict[tuple[str, str], str] = field(default_factory=dict)
     finished: bool = False
     tampering: list[str] = field(default_factory=list)  # what the audit hook refused
+    instrumented: set[str] = field(default_factory=set)  # test modules (absolute paths) the runner instrumented
     rejected: int = 0  # lines whose MAC, run id or sequence number did not check out
 
     def passed(self, nodeid: str) -> bool:
@@ -93,6 +94,9 @@ def read_records(text: str, secret: RunSecret) -> RunRecords:
             continue
         if when == "tamper":
             out.tampering.append(outcome)
+            continue
+        if when == "instrumented":
+            out.instrumented.add(nodeid)
             continue
         previous = out.outcomes.get((nodeid, when))
         if previous is None or previous == "passed":  # a phase recorded twice: anything but a pass wins

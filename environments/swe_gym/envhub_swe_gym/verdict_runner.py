@@ -230,17 +230,16 @@ def make_plugin(secret: dict):
         install_audit_hook(lambda event: write("", "tamper", event))
 
     class Recorder:
-        @pytest.hookimpl(wrapper=True)
+        @pytest.hookimpl(hookwrapper=True)  # old-style: works with every pytest the package allows (>= 7)
         def pytest_runtest_makereport(self, item, call):
-            report = yield
+            yield
             write(item.nodeid, call.when, classify(item, call))
-            return report
 
         @pytest.hookimpl(trylast=True)
         def pytest_sessionfinish(self, session, exitstatus):
             write("", "end", str(int(exitstatus)))
 
-    return Recorder()
+    return Recorder(), write
 
 
 # What the code under test may not do in the test process: trace or profile code (a tracer can jump over every
@@ -274,7 +273,7 @@ def install_audit_hook(report) -> None:
     sys.addaudithook(hook)
 
 
-def install_instrumentation(secret: dict) -> None:
+def install_instrumentation(secret: dict, write) -> None:
     from _pytest.assertion import rewrite
 
     original = rewrite.rewrite_asserts
@@ -282,6 +281,7 @@ def install_instrumentation(secret: dict) -> None:
 
     def rewrite_asserts(mod, source, module_path=None, config=None):
         instrument(mod, module_name, end_name, cmp_name)
+        write(str(module_path or ""), "instrumented", "")  # the host can tell "not instrumented" from "forced"
         return original(mod, source, module_path, config)
 
     rewrite.rewrite_asserts = rewrite_asserts
@@ -303,8 +303,8 @@ def main() -> int:
     secret = read_secret()
     import pytest
 
-    plugin = make_plugin(secret)
-    install_instrumentation(secret)
+    plugin, write = make_plugin(secret)
+    install_instrumentation(secret, write)
     return int(pytest.main(sys.argv[1:], plugins=[plugin]))
 
 
