@@ -310,11 +310,10 @@ def test_nothing_from_the_first_run_lives_into_the_second(rows, tmp_path):
 
 
 def test_runner_says_which_files_it_instrumented(tmp_path):
-    """A file pytest does not rewrite (PYTEST_DONT_REWRITE) is not instrumented: its tests cannot reach ``mark``,
-    and the grader reports them as unverifiable instead of calling the run forged."""
+    """The instrumentation runs before pytest's own rewriting, so even a file that opts out of pytest's assertion
+    rewriting (PYTEST_DONT_REWRITE) is instrumented; the runner says which files it did, so a test from a file it
+    did not reach is reported as unverifiable rather than as forged."""
     test = '"""PYTEST_DONT_REWRITE"""\n\n\ndef test_ok():\n    assert 1 == 1\n'
     twin = run_runner(tmp_path, "", test, twin=True)
-    assert twin.outcomes[("tests/test_m.py::test_ok", "call")] == "passed"
-    assert twin.instrumented == set()
-    twin = run_runner(tmp_path, "", test.split("\n", 1)[1], twin=True)
+    assert twin.outcomes[("tests/test_m.py::test_ok", "call")] == "mark"
     assert twin.instrumented == {str(tmp_path / "tests" / "test_m.py")}

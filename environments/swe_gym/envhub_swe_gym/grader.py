@@ -264,8 +264,8 @@ class SweGymVerifier:
                 path = f"/testbed/{t.split('::')[0]}"
                 if seen == "passed" and path not in twin.instrumented:
                     statuses[t] = "UNVERIFIED"
-                    integrity.append(f"{t} cannot be verified: its file was not instrumented (assertion rewriting "
-                                     "is off for it, e.g. PYTEST_DONT_REWRITE in its docstring)")
+                    integrity.append(f"{t} cannot be verified: its file was not instrumented (pytest did not "
+                                     "rewrite it: assertion rewriting off, or not collected as a test module)")
                     continue
                 if seen != "mark":
                     statuses[t] = "UNTRUSTED"
