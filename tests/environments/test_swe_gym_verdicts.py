@@ -97,8 +97,7 @@ def test_the_new_hacks_pass_the_diff_scan(rows, tmp_path):
 
 
 def test_records_need_the_key_the_run_and_the_order():
-    rng = random.Random(1)
-    real, twin = verdict.new_secrets(rng)
+    real, other = verdict.new_secret(), verdict.new_secret()
     import hashlib
     import hmac
     import json
@@ -112,8 +111,8 @@ def test_records_need_the_key_the_run_and_the_order():
     rec = verdict.read_records("\n".join(good), real)
     assert rec.passed("t::a") and rec.finished and rec.rejected == 0
     forged = ["PASSED t::b", '["x", 0, "t::b", "call", "passed"] 00', line(real, 4, "t::b", "call", "passed",
-                                                                            key=twin.key)]
-    replayed = [line(twin, 0, "t::b", "setup", "passed")]  # a valid line of the other run
+                                                                            key=other.key)]
+    replayed = [line(other, 0, "t::b", "setup", "passed")]  # a valid line of another run
     rec = verdict.read_records("\n".join(good[:3] + forged + replayed + [line(real, 3, "t::a", "call", "failed")]),
                                real)
     assert rec.rejected == 4 and not rec.finished
@@ -196,21 +195,21 @@ def test_report_forcing_beat_the_old_bare_grader_and_the_records_alone_stop_it(h
 
 
 @needs_bwrap
-def test_twin_run_is_what_stops_targeted_body_replacement(rows, tmp_path):
-    """Replacing only the named tests' bodies leaves the canaries failing honestly and every record authentic;
-    only the twin run (the body never reached its end) tells. Without the twin check the hack wins."""
+def test_body_end_records_are_what_stop_targeted_body_replacement(rows, tmp_path):
+    """Replacing only the named tests' bodies leaves the canaries failing honestly and every record authentic; only
+    the missing body-end record tells. Without that check the hack wins."""
     row = rows["envhub__spanlib-21"]
     patch = make_diff(row, policies.HACKS["named-bodies-skipped"](row), tmp_path)
     with ThreadPoolExecutor(2) as pool:
-        full, no_twin = pool.map(lambda d: SweGymVerifier(defenses=d).verify(row, {"patch": patch}),
-                                 (DEFENSES, DEFENSES - {"twin"}))
-    assert no_twin.passed, f"without the twin check the hack should win: {no_twin.details.get('reason')}"
-    assert not full.passed and "twin run" in full.details["reason"], full.details["reason"]
+        full, without = pool.map(lambda d: SweGymVerifier(defenses=d).verify(row, {"patch": patch}),
+                                 (DEFENSES, DEFENSES - {"body-end"}))
+    assert without.passed, f"without the body-end check the hack should win: {without.details.get('reason')}"
+    assert not full.passed and "never ran to its end" in full.details["reason"], full.details["reason"]
     assert set(full.details["tests"].values()) == {"UNTRUSTED"}
 
 
 @needs_bwrap
-def test_golden_passes_with_canaries_and_twins_and_forged_output_is_ignored(rows, tmp_path):
+def test_golden_passes_with_canaries_and_forged_output_is_ignored(rows, tmp_path):
     row = rows["envhub__textkit-3"]
     s = SweGymVerifier().verify(row, {"patch": row["patch"]})
     assert s.passed, s.details["reason"]
@@ -221,14 +220,13 @@ def test_golden_passes_with_canaries_and_twins_and_forged_output_is_ignored(rows
     assert "did not pass" in s.details["reason"]
 
 
-def run_runner(tmp_path, module_code: str, test_code: str, twin: bool, audit: bool = True):
+def run_runner(tmp_path, module_code: str, test_code: str, audit: bool = True):
     """The verdict runner on a tiny project on the host (no sandbox): returns its verified records."""
     (tmp_path / "mod.py").write_text(module_code)
     (tmp_path / "tests").mkdir(exist_ok=True)
     (tmp_path / "tests" / "test_m.py").write_text(test_code)
     (tmp_path / "pytest.ini").write_text(testrun.pytest_ini(str(tmp_path)))
-    real, other = verdict.new_secrets(random.Random(0))
-    secret = other if twin else real
+    secret = verdict.new_secret()
     secret.out = str(tmp_path / f"records-{secret.run}")
     runner = tmp_path / "runner.py"
     runner.write_text(testrun.RUNNER_SOURCE)
@@ -255,58 +253,22 @@ except RuntimeError:
 
 
 def test_runner_refuses_and_records_tracing(tmp_path):
-    """A tracer can jump over assert lines in the real and the twin run alike; the audit hook refuses it."""
+    """A tracer can jump over assert lines (the body then reaches its end); the audit hook refuses it."""
     test = "import mod\n\n\ndef test_ok():\n    assert 1 + 1 == 2\n"
-    rec = run_runner(tmp_path, TRACER, test, twin=False)
+    rec = run_runner(tmp_path, TRACER, test)
     assert rec.finished and rec.tampering == ["sys.settrace"] and rec.passed("tests/test_m.py::test_ok")
-    rec = run_runner(tmp_path, TRACER, test, twin=False, audit=False)
+    rec = run_runner(tmp_path, TRACER, test, audit=False)
     assert rec.finished and rec.tampering == []
 
 
-def test_runner_twin_marks_only_bodies_that_ran_to_the_end(tmp_path):
+def test_runner_records_only_bodies_that_ran_to_the_end(tmp_path):
     test = ("import mod\n\n\ndef test_ok():\n    try:\n        return 1\n    except Exception:\n        pass\n\n\n"
             "def test_bad():\n    assert mod.X == 2\n\n\nclass TestK:\n    def test_m(self):\n        assert [1] == [1]\n")
-    real = run_runner(tmp_path, "X = 1\n", test, twin=False)
-    twin = run_runner(tmp_path, "X = 1\n", test, twin=True)
-    assert real.passed("tests/test_m.py::test_ok") and real.passed("tests/test_m.py::TestK::test_m")
-    assert real.status("tests/test_m.py::test_bad") == "FAILED"
-    assert twin.outcomes[("tests/test_m.py::test_ok", "call")] == "mark", "an early return is an end too"
-    assert twin.outcomes[("tests/test_m.py::TestK::test_m", "call")] == "mark"
-    assert twin.outcomes[("tests/test_m.py::test_bad", "call")] == "failed"
-
-
-DAEMON = """
-
-import os as _os
-import time as _time
-
-_mark = '/tmp/.watcher-pid'
-if _os.path.exists(_mark):  # a later run: is the watcher we left still alive?
-    try:
-        _os.kill(int(open(_mark).read()), 0)
-        raise RuntimeError('the watcher from the previous run is alive in this one')
-    except ProcessLookupError:
-        pass
-elif _os.fork() == 0:
-    _os.setsid()
-    if _os.fork() == 0:
-        with open(_mark, 'w') as _f:
-            _f.write(str(_os.getpid()))
-        _time.sleep(600)
-    _os._exit(0)
-"""
-
-
-@needs_bwrap
-def test_nothing_from_the_first_run_lives_into_the_second(rows, tmp_path):
-    """A process the code under test leaves behind (it could read the next run's memory) is killed between runs.
-    The golden fix plus a watcher: it passes only if the watcher is gone when the second run imports the package.
-    (Checked by hand against a grader without ``kill_processes``: reward 0, 'the watcher ... is alive'.)"""
-    row = rows["envhub__spanlib-21"]
-    patch = row["patch"] + make_diff(row, [("append", "spanlib/__init__.py", DAEMON)], tmp_path)
-    s = SweGymVerifier(defenses=DEFENSES - {"scan"}).verify(row, {"patch": patch})  # the scan refuses os.fork
-    assert s.passed, s.details["reason"]
-    assert s.details.get("leftover_processes", 0) >= 1
+    rec = run_runner(tmp_path, "X = 1\n", test)
+    assert rec.passed("tests/test_m.py::test_ok") and rec.passed("tests/test_m.py::TestK::test_m")
+    assert rec.status("tests/test_m.py::test_bad") == "FAILED"
+    assert rec.body_ends == {"tests/test_m.py::test_ok", "tests/test_m.py::TestK::test_m"}, \
+        "an early return is an end too; a failed assert is not"
 
 
 def test_runner_says_which_files_it_instrumented(tmp_path):
@@ -314,6 +276,6 @@ def test_runner_says_which_files_it_instrumented(tmp_path):
     rewriting (PYTEST_DONT_REWRITE) is instrumented; the runner says which files it did, so a test from a file it
     did not reach is reported as unverifiable rather than as forged."""
     test = '"""PYTEST_DONT_REWRITE"""\n\n\ndef test_ok():\n    assert 1 == 1\n'
-    twin = run_runner(tmp_path, "", test, twin=True)
-    assert twin.outcomes[("tests/test_m.py::test_ok", "call")] == "mark"
-    assert twin.instrumented == {str(tmp_path / "tests" / "test_m.py")}
+    rec = run_runner(tmp_path, "", test)
+    assert rec.body_ends == {"tests/test_m.py::test_ok"}
+    assert rec.instrumented == {str(tmp_path / "tests" / "test_m.py")}

@@ -12,11 +12,11 @@
    line, any protected file the diff still changed); apply the ``test_patch``; plant one or two *canaries* per test
    file: failing tests with names built from the file's own words, between random top-level statements.
 3. **Run** (sandbox B, fresh, no network, tree **read-only**): our pytest command (absolute interpreter, ``-I``, our
-   ini, no plugin autoload) runs **twice, in random order**, through the grader's launcher
-   (:mod:`~envhub_swe_gym.verdict_runner`): the real run and the twin run, told apart only by a secret on stdin.
-4. **Read** the HMAC-authenticated records of each run (:mod:`~envhub_swe_gym.verdict`); the pytest log is kept for
-   people, never read for a verdict. **Check integrity**: both runs finished; no tampering was refused by the audit
-   hook; every canary failed in both runs; every test that passed reached the end of its body in the twin run.
+   ini, no plugin autoload) runs through the grader's launcher (:mod:`~envhub_swe_gym.verdict_runner`), which gets
+   a per-run secret on stdin before any code under test is imported.
+4. **Read** the HMAC-authenticated records (:mod:`~envhub_swe_gym.verdict`); the pytest log is kept for people,
+   never read for a verdict. **Check integrity**: the run finished; the audit hook refused no tampering; every
+   canary failed; every test that passed also recorded, from inside its own body, that the body ran to its end.
 5. **Resolve**: every FAIL_TO_PASS and PASS_TO_PASS test passed (setup, call and teardown; skipped, xfail, errors,
    missing count as not passed). Reward 1.0 / 0.0; ``details`` holds SWE-bench's ``tests_status`` report.
 
@@ -43,9 +43,9 @@ from envhub_swe_gym import repos
 from envhub_swe_gym.patchguard import filter_patch, protected_reason, scan_patch
 from envhub_swe_gym.testrun import PYTEST_ENV, RUNNER_SOURCE, diff_files, files_of_tests, is_test_path, \
     pytest_ini, runner_command
-from envhub_swe_gym.verdict import identifier, new_secrets, plant_canaries, read_records
+from envhub_swe_gym.verdict import identifier, new_secret, plant_canaries, read_records
 
-DEFENSES = frozenset({"filter", "scan", "reset", "readonly", "canary", "twin", "audit"})
+DEFENSES = frozenset({"filter", "scan", "reset", "readonly", "canary", "body-end", "audit"})
 GIT = ["git", "-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false", "-c", "safe.directory=*"]
 GIT_ENV = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_TERMINAL_PROMPT": "0"}
 MAX_PATCH_BYTES = 2 << 20
@@ -157,29 +157,22 @@ class SweGymVerifier:
             if problem:
                 return _fail(details, problem)
             mode = "ro" if "readonly" in self.defenses else "rw"
-            real, twin = new_secrets(rng)
+            secret = new_secret()
             names = (identifier(rng), identifier(rng), identifier(rng))
-            runs: dict[str, tuple] = {}
             with start(SandboxSpec(binds=[(str(tree), "/testbed", mode), (str(grader_dir), "/grader", "ro")],
                                    **base)) as sb:
-                # the same command twice, in random order: only the secret on stdin says which run is the twin
-                for secret in rng.sample([real, twin], 2):
-                    # nothing the previous run started (a daemon watching for the next run) lives into this one
-                    leftovers = sb.kill_processes()
-                    if leftovers and runs:
-                        details["leftover_processes"] = leftovers
-                    r = sandbox_run(sb, runner_command(self.python, runner, run_files, "/grader/pytest.ini",
-                                                       "/testbed"),
-                                    input=secret.payload(*names, audit="audit" in self.defenses), env=PYTEST_ENV, timeout=self.timeout_s)
-                    try:
-                        text = sb.read_file(secret.out).decode("utf-8", errors="replace")
-                    except Exception:  # no records file: the run left nothing we can trust
-                        text = ""
-                    runs["twin" if secret.twin else "real"] = (r, read_records(text, secret))
+                r = sandbox_run(sb, runner_command(self.python, runner, run_files, "/grader/pytest.ini", "/testbed"),
+                                input=secret.payload(*names, audit="audit" in self.defenses), env=PYTEST_ENV,
+                                timeout=self.timeout_s)
+                try:
+                    text = sb.read_file(secret.out).decode("utf-8", errors="replace")
+                except Exception:  # no records file: the run left nothing we can trust
+                    text = ""
+                records = read_records(text, secret)
         finally:
             shutil.rmtree(prep, ignore_errors=True)
         details["duration_s"] = round(time.perf_counter() - t0, 3)
-        return self._judge(runs, f2p, p2p, canaries, details)
+        return self._judge(r, records, f2p, p2p, canaries, details)
 
     def _prepare(self, sb, task: dict, patch: str, test_patch: str, run_files: list[str], rng: random.Random,
                  details: dict) -> tuple[str | None, list[str]]:
@@ -231,48 +224,37 @@ class SweGymVerifier:
                 canaries += [f"{f}::{n}" for n in names]
         return None, canaries
 
-    def _judge(self, runs: dict[str, tuple], f2p: list[str], p2p: list[str], canaries: list[str],
-               details: dict) -> Score:
-        """The verdict from the authenticated records only; the logs are kept for people to read."""
-        (r_real, real), (r_twin, twin) = runs["real"], runs["twin"]
-        details.update(exit_code=r_real.exit_code, log_tail=(r_real.stdout + r_real.stderr)[-3000:],
-                       twin_exit_code=r_twin.exit_code)
+    def _judge(self, r, rec, f2p: list[str], p2p: list[str], canaries: list[str], details: dict) -> Score:
+        """The verdict from the authenticated records only; the log is kept for people to read."""
+        details.update(exit_code=r.exit_code, log_tail=(r.stdout + r.stderr)[-3000:])
         integrity = []
-        for label, r, rec in (("test run", r_real, real), ("twin run", r_twin, twin)):
-            if r.timed_out:
-                integrity.append(f"the {label} timed out after {self.timeout_s:g} s")
-            elif not rec.finished:
-                integrity.append(f"the {label} did not finish (exit code {r.exit_code}, {len(rec.outcomes)} "
-                                 "authenticated records): the run was cut short")
-            if rec.rejected:
-                details.setdefault("forged_records", {})[label] = rec.rejected
-            if rec.tampering:
-                integrity.append(f"the code under test tried {', '.join(sorted(set(rec.tampering)))} during the "
-                                 f"{label} (refused): the test run was tampered with")
+        if r.timed_out:
+            integrity.append(f"the test run timed out after {self.timeout_s:g} s")
+        elif not rec.finished:
+            integrity.append(f"the test run did not finish (exit code {r.exit_code}, {len(rec.outcomes)} "
+                             "authenticated records): the run was cut short")
+        if rec.rejected:
+            details["forged_records"] = rec.rejected
+        if rec.tampering:
+            integrity.append(f"the code under test tried {', '.join(sorted(set(rec.tampering)))} during the test "
+                             "run (refused): the test run was tampered with")
         for c in canaries:
-            for label, rec in (("test run", real), ("twin run", twin)):
-                if rec.outcomes.get((c, "call")) != "failed":
-                    integrity.append(f"the canary test {c} must fail but was "
-                                     f"{rec.outcomes.get((c, 'call'), 'not run')} in the {label}: the test run "
-                                     "was tampered with")
-        statuses = {t: real.status(t) for t in f2p + p2p}
-        if "twin" in self.defenses:
+            if rec.outcomes.get((c, "call")) != "failed":
+                integrity.append(f"the canary test {c} must fail but was {rec.outcomes.get((c, 'call'), 'not run')}: "
+                                 "the test run was tampered with")
+        statuses = {t: rec.status(t) for t in f2p + p2p}
+        if "body-end" in self.defenses:
             for t in f2p + p2p:
-                if statuses[t] != "PASSED":
+                if statuses[t] != "PASSED" or t in rec.body_ends:
                     continue
-                seen = twin.outcomes.get((t, "call"))
-                path = f"/testbed/{t.split('::')[0]}"
-                if seen == "passed" and path not in twin.instrumented:
+                if f"/testbed/{t.split('::')[0]}" not in rec.instrumented:
                     statuses[t] = "UNVERIFIED"
                     integrity.append(f"{t} cannot be verified: its file was not instrumented (pytest did not "
                                      "rewrite it: assertion rewriting off, or not collected as a test module)")
-                    continue
-                if seen != "mark":
+                else:
                     statuses[t] = "UNTRUSTED"
-                    why = "passed without its body running to the end" if seen == "passed" else \
-                        f"was {seen or 'not run'}"
-                    integrity.append(f"{t} passed, but in the twin run (same command, only the grader's secret "
-                                     f"differs) it {why}: the test outcome was forced")
+                    integrity.append(f"{t} was reported passed, but its body never ran to its end: the test "
+                                     "outcome was forced")
         report = {}
         for key, names in (("FAIL_TO_PASS", f2p), ("PASS_TO_PASS", p2p)):
             report[key] = {"success": [t for t in names if statuses[t] == "PASSED"],

@@ -1,11 +1,10 @@
 """Host side of the grader's verdict channel: secrets, canaries, and reading back authenticated records.
 
-A grading runs the same pytest command twice in the run sandbox, in random order, through
-:mod:`envhub_swe_gym.verdict_runner`: the *real* run and the *twin* run. Each run gets its own secret on stdin
-(HMAC key, records path, whether it is the twin); only records whose MAC checks out count, and nothing the test
-process prints is ever read for a verdict. A test passes when, in the real run, its setup, call and teardown passed
-**and**, in the twin run, its body ran to the end (``mark``). Canaries — tests with random, ordinary-looking names
-planted at random places in the test files — must fail in both runs.
+The grader runs pytest through :mod:`envhub_swe_gym.verdict_runner` with a secret on stdin (HMAC key, run id,
+records path); only records whose MAC checks out count, and nothing the test process prints is ever read for a
+verdict. A test passes when its setup, call and teardown passed **and** its body reached its end (a ``body-end``
+record written from inside the test function). Canaries — tests with random, ordinary-looking names planted at
+random places in the test files — must fail.
 """
 from __future__ import annotations
 
@@ -27,19 +26,15 @@ class RunSecret:
 
     run: str
     key: str
-    twin: bool
     out: str
 
     def payload(self, module: str, end: str, cmp: str, audit: bool = True) -> str:
-        return json.dumps({"run": self.run, "key": self.key, "twin": self.twin, "out": self.out, "module": module,
-                           "end": end, "cmp": cmp, "audit": audit})
+        return json.dumps({"run": self.run, "key": self.key, "out": self.out, "module": module, "end": end,
+                           "cmp": cmp, "audit": audit})
 
 
-def new_secrets(rng: random.Random) -> tuple[RunSecret, RunSecret]:
-    """(real, twin) secrets; the records paths look alike so the path says nothing about the mode."""
-    real, twin = (RunSecret(run=secrets.token_hex(8), key=secrets.token_hex(32), twin=t,
-                            out=f"/tmp/.{secrets.token_hex(8)}") for t in (False, True))
-    return real, twin
+def new_secret() -> RunSecret:
+    return RunSecret(run=secrets.token_hex(8), key=secrets.token_hex(32), out=f"/tmp/.{secrets.token_hex(8)}")
 
 
 def identifier(rng: random.Random) -> str:
@@ -54,6 +49,7 @@ class RunRecords:
     finished: bool = False
     tampering: list[str] = field(default_factory=list)  # what the audit hook refused
     instrumented: set[str] = field(default_factory=set)  # test modules (absolute paths) the runner instrumented
+    body_ends: set[str] = field(default_factory=set)  # tests whose body ran to its end
     rejected: int = 0  # lines whose MAC, run id or sequence number did not check out
 
     def passed(self, nodeid: str) -> bool:
@@ -97,6 +93,9 @@ def read_records(text: str, secret: RunSecret) -> RunRecords:
             continue
         if when == "instrumented":
             out.instrumented.add(nodeid)
+            continue
+        if when == "body-end":
+            out.body_ends.add(nodeid)
             continue
         previous = out.outcomes.get((nodeid, when))
         if previous is None or previous == "passed":  # a phase recorded twice: anything but a pass wins

@@ -14,11 +14,11 @@ the process it:
 
    * every ``==``, ``!=``, ``in``, ``not in`` inside an ``assert`` goes through ``cmp``, which fails the assertion
      when an operand claims to equal a fresh object it has never seen (an always-true ``__eq__``);
-   * every test function calls ``end`` when its body completes (at its end and before each ``return``). In the
-     *twin* run ``end`` raises a private exception: a genuine passing test is then reported as ``mark``. The twin
-     run is the same command, files, test ids and order as the real run; only this secret bit differs, so a hack
-     that forces tests to pass (patched runner, replaced test bodies, skipped asserts) makes the twin *pass* too,
-     and the grader sees the contradiction.
+   * every test function calls ``end`` when its body completes (at its end and before each ``return``); ``end``
+     appends an authenticated ``body-end`` record for the test being called. A test passes only when its call
+     passed *and* its body reached its end: a hack that forces tests to pass (patched runner, replaced or skipped
+     bodies, swallowed assertion errors) leaves no ``body-end``. Nothing observable differs for the test between a
+     pass with and without this record (``end`` raises nothing, returns nothing), so there is no run mode to detect.
 
 The threat model and what stays out of reach are in docs/decisions.md ("#13 swe-gym verdicts").
 """
@@ -194,17 +194,14 @@ def make_plugin(secret: dict):
     import pytest
 
     key = bytes.fromhex(secret["key"])
-    run, twin = secret["run"], bool(secret["twin"])
+    run = secret["run"]
     fd = os.open(secret["out"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600)
     seq = [0]
-
-    class Done(BaseException):
-        """Raised at the end of a test body in the twin run (not an ``Exception``: a test's own ``except Exception``
-        around a ``return`` must not swallow it)."""
+    current: list[str | None] = [None]  # the node id whose call phase is running
 
     def end():
-        if twin:
-            raise Done("the body of this test ran to its end")
+        if current[0] is not None:
+            write(current[0], "body-end", "")
 
     helpers = types.ModuleType(secret["module"])
     helpers.end, helpers.cmp = end, cmp
@@ -220,8 +217,6 @@ def make_plugin(secret: dict):
         exc = call.excinfo
         if exc is None:
             return "xfail" if item.get_closest_marker("xfail") else "passed"
-        if type(exc.value) is Done:
-            return "mark"
         if isinstance(exc.value, pytest.skip.Exception):
             return "skipped"
         return "failed"
@@ -230,6 +225,14 @@ def make_plugin(secret: dict):
         install_audit_hook(lambda event: write("", "tamper", event))
 
     class Recorder:
+        @pytest.hookimpl(hookwrapper=True)
+        def pytest_runtest_call(self, item):
+            current[0] = item.nodeid
+            try:
+                yield
+            finally:
+                current[0] = None
+
         @pytest.hookimpl(hookwrapper=True)  # old-style: works with every pytest the package allows (>= 7)
         def pytest_runtest_makereport(self, item, call):
             yield
@@ -243,7 +246,7 @@ def make_plugin(secret: dict):
 
 
 # What the code under test may not do in the test process: trace or profile code (a tracer can jump over every
-# assert line, in both runs alike), walk the garbage collector's object lists (the way to find the grader's helpers
+# assert line), walk the garbage collector's object lists (the way to find the grader's helpers
 # in memory), open another process's memory, or reach raw memory through ctypes. An audit hook cannot be removed
 # from Python; each attempt is refused and recorded as tampering.
 BLOCKED_EVENTS = {"sys.settrace", "sys.setprofile", "sys.monitoring.register_callback", "gc.get_objects",
@@ -287,19 +290,7 @@ def install_instrumentation(secret: dict, write) -> None:
     rewrite.rewrite_asserts = rewrite_asserts
 
 
-def not_dumpable() -> None:
-    """``PR_SET_DUMPABLE`` 0: another process of the sandbox (one the code under test left running) cannot ptrace
-    this one or read its ``/proc/<pid>/mem``. Best effort: the grader also kills leftovers between runs."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
-
-
 def main() -> int:
-    not_dumpable()
     secret = read_secret()
     import pytest
 
