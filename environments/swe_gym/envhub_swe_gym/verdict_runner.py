@@ -189,6 +189,20 @@ def instrument(mod: ast.Module, module_name: str, end_name: str, cmp_name: str) 
     ast.fix_missing_locations(mod)
 
 
+def codes_of(fn) -> set:
+    """The code objects of a test function and of every function it wraps (``@mock.patch``, ``functools.wraps``)."""
+    out = set()
+    for _ in range(16):
+        fn = getattr(fn, "__func__", fn)
+        code = getattr(fn, "__code__", None)
+        if code is not None:
+            out.add(code)
+        fn = getattr(fn, "__wrapped__", None)
+        if fn is None:
+            break
+    return out
+
+
 def make_plugin(secret: dict):
     """The recorder plugin and the helper module the instrumented tests import; the key stays in closures."""
     import pytest
@@ -199,9 +213,14 @@ def make_plugin(secret: dict):
     seq = [0]
     current: list[str | None] = [None]  # the node id whose call phase is running
 
+    bodies: dict[str, set] = {}  # node id -> the code objects of its test function (through __wrapped__)
+
     def end():
-        if current[0] is not None:
-            write(current[0], "body-end", "")
+        # only the test's own body counts: a forced test whose replacement calls another, passing test function
+        # reaches *that* body's end, not its own
+        nodeid = current[0]
+        if nodeid is not None and sys._getframe(1).f_code in bodies.get(nodeid, ()):
+            write(nodeid, "body-end", "")
 
     helpers = types.ModuleType(secret["module"])
     helpers.end, helpers.cmp = end, cmp
@@ -225,6 +244,12 @@ def make_plugin(secret: dict):
         install_audit_hook(lambda event: write("", "tamper", event))
 
     class Recorder:
+        @pytest.hookimpl(hookwrapper=True)
+        def pytest_collection_modifyitems(self, session, config, items):
+            yield
+            for item in items:
+                bodies[item.nodeid] = codes_of(getattr(item, "obj", None))
+
         @pytest.hookimpl(hookwrapper=True)
         def pytest_runtest_call(self, item):
             current[0] = item.nodeid
