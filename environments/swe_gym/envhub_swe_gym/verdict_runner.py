@@ -17,8 +17,10 @@ the process it:
    * every test function calls ``end`` when its body completes (at its end and before each ``return``); ``end``
      appends an authenticated ``body-end`` record for the test being called. A test passes only when its call
      passed *and* its body reached its end: a hack that forces tests to pass (patched runner, replaced or skipped
-     bodies, swallowed assertion errors) leaves no ``body-end``. Nothing observable differs for the test between a
-     pass with and without this record (``end`` raises nothing, returns nothing), so there is no run mode to detect.
+     bodies, swallowed assertion errors) leaves no ``body-end``. ``end`` raises and returns nothing, so honest tests
+     behave exactly as under plain pytest: there is no grading mode for a hack to detect;
+4. installs an audit hook (it cannot be removed) that refuses tracing, gc walks, ``/proc/*/mem`` and raw ctypes
+   memory, and records each attempt as tampering.
 
 The threat model and what stays out of reach are in docs/decisions.md ("#13 swe-gym verdicts").
 """
