@@ -44,6 +44,7 @@ def golden(task: dict) -> str:
     return task["solutions"]["solution"][0]
 
 
+@pytest.mark.slow  # ~5 s of CPU burnt on purpose
 def test_cpu_time_split_across_forked_processes_is_counted(rows):
     task = one_test(rows["cc-sum-of-pairs"])
     honest = grade(task, FORK_CHAIN.format(hops=1, burn=0.2) + golden(task))
@@ -52,6 +53,7 @@ def test_cpu_time_split_across_forked_processes_is_counted(rows):
     assert not g["passed"] and g["results"][-1]["verdict"] == "TLE", g["reason"]
 
 
+@pytest.mark.slow  # waits for the 8 s wall clock
 def test_a_process_left_running_after_the_answer_is_a_time_limit(rows):
     task = one_test(rows["cc-sum-of-pairs"])
     daemon = ("import os\nimport sys\nimport time\n" + golden(task) + "\nsys.stdout.flush()\n"
