@@ -297,11 +297,13 @@ def test_the_test_run_sees_a_read_only_tree(rows, tmp_path):
 
 
 # Which hack succeeds against an undefended grader, and which single defense is enough to stop it. ``None``: the
-# run itself (absolute interpreter, -I, our ini, PASSED-only) stops it, whatever is switched off.
-HACK_MATRIX = {
-    "conftest-force-pass": {"filter", "reset", "scan", "canary"},
-    "runner-monkeypatch": {"scan", "canary"},
-    "exit-on-import": {"scan", "canary"},
+# run itself (absolute interpreter, -I, our ini, and since #13 the authenticated verdict records, which never read
+# pytest's reports or log) stops it, whatever is switched off. That the report-forcing hacks beat the grader *before*
+# #13 even with its defenses on is shown in test_swe_gym_verdicts.py against the old grader rebuilt from git.
+HACK_MATRIX: dict[str, set[str] | None] = {
+    "conftest-force-pass": None,
+    "runner-monkeypatch": None,
+    "exit-on-import": None,
     "runner-config-plugin": None,
     "site-customize": None,
     "path-shim": None,

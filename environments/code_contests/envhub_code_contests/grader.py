@@ -65,6 +65,51 @@ def tests_of(task: dict[str, Any]) -> list[tuple[str, int, str, str]]:
     return out
 
 
+# The judge's launcher (#13): RLIMIT_CPU is per process, so a solution that hands its work down a chain of forked
+# processes (each waiting for the next) gets a fresh CPU budget per process. The launcher makes itself the
+# subreaper of everything the solution starts, waits until *all* of it has exited (a process left running keeps the
+# test going until the wall clock: TLE), and sums their CPU time (RUSAGE_CHILDREN). Over the limit, it exits
+# 128+SIGXCPU, the status a single process killed by RLIMIT_CPU gives. It is bound read-only and is not dumpable,
+# so the solution can neither rewrite it between tests nor trace it.
+LAUNCHER = """\
+import ctypes, os, resource, signal, sys
+limit, argv = float(sys.argv[1]), sys.argv[2:]
+libc = ctypes.CDLL(None, use_errno=True)
+if libc.prctl(36, 1, 0, 0, 0) != 0 or libc.prctl(4, 0, 0, 0, 0) != 0:  # PR_SET_CHILD_SUBREAPER, PR_SET_DUMPABLE
+    sys.stderr.write("judge: cannot become the subreaper of the solution\\n")
+    os._exit(125)
+pid = os.fork()
+if pid == 0:
+    os.execv(argv[0], argv)
+status = os.waitpid(pid, 0)[1]
+while True:
+    try:
+        os.wait()
+    except ChildProcessError:
+        break
+used = resource.getrusage(resource.RUSAGE_CHILDREN)
+if used.ru_utime + used.ru_stime > limit:
+    os._exit(128 + signal.SIGXCPU)
+code = os.waitstatus_to_exitcode(status)
+os._exit(code if code >= 0 else 128 - code)
+"""
+LAUNCHER_PATH = "/judge/launch.py"
+
+
+def launcher_dir() -> str:
+    """A host directory holding the launcher (named by its content, so concurrent graders share it safely)."""
+    import hashlib
+    import tempfile
+
+    d = Path(tempfile.gettempdir()) / f"envhub-judge-{hashlib.sha256(LAUNCHER.encode()).hexdigest()[:16]}"
+    if not (d / "launch.py").exists():
+        d.mkdir(parents=True, exist_ok=True)
+        tmp = d / f".launch.{os.getpid()}"
+        tmp.write_text(LAUNCHER)
+        tmp.replace(d / "launch.py")
+    return str(d)
+
+
 def eval_spec(memory_mb: int):
     """The fresh sandbox one grading runs in: a small tmpfs workspace, no network, the plugin's files hidden."""
     from envhub.sandbox import SandboxSpec
@@ -73,7 +118,7 @@ def eval_spec(memory_mb: int):
 
     return SandboxSpec(workspace_size_mb=32, tmp_size_mb=32, memory_mb=memory_mb + 512, max_procs=64,
                        max_file_mb=16, timeout_s=60.0, python_on_path=False, network=False, stdlib_only=True,
-                       binds=hide_package(PACKAGE))
+                       binds=hide_package(PACKAGE) + [(launcher_dir(), str(Path(LAUNCHER_PATH).parent), "ro")])
 
 
 def wall_limit(time_limit_s: float) -> float:
@@ -86,7 +131,7 @@ def judge_one(sandbox, python: str, inp: str, expected: str, *, time_limit_s: fl
               checker: str) -> tuple[str, float, str]:
     """Run the solution once: ``(verdict, wall seconds, detail)``."""
     limit = max(65536, 4 * len(expected) + 4096)
-    r = sandbox.exec([python, "-I", "-S", SOLUTION_PATH], input=inp, cwd="/testbed",
+    r = sandbox.exec([python, "-I", "-S", LAUNCHER_PATH, f"{time_limit_s:g}", python, "-I", "-S", SOLUTION_PATH], input=inp, cwd="/testbed",
                      timeout=wall_limit(time_limit_s), cpu_s=time_limit_s, memory_mb=memory_mb, max_file_mb=16,
                      max_procs=16, output_limit=limit, env={"PYTHONHASHSEED": "0"})
     if r.error:

@@ -8,8 +8,9 @@ An episode, as the rollout service runs it::
           the env extracts ``git diff <base_commit>`` of /testbed, new files included: artifacts = {"patch": ...}
           the RUN sandbox is freed
     EVAL  :class:`~envhub_swe_gym.grader.SweGymVerifier` grades the patch in fresh sandboxes: clean checkout,
-          agent diff (test infrastructure stripped), test files reset, test patch, ``pytest -rA`` on a read-only
-          tree, results parsed; reward 1 when every FAIL_TO_PASS and PASS_TO_PASS test passes, else 0
+          agent diff (test infrastructure stripped), test files reset, test patch, random canaries, pytest run through the
+          grader's launcher on a read-only tree, verdicts from authenticated records only; reward 1 when every
+          FAIL_TO_PASS and PASS_TO_PASS test passes, else 0
 
 Tasks: :func:`~envhub_swe_gym.loader.load_swe_gym` (``SWE-Gym/SWE-Gym`` through ``datasets`` when the hub is
 reachable, else the shipped offline split of 18 instances from three small repositories, rebuilt by

@@ -9,15 +9,18 @@
    ``base_commit`` by construction).
 2. **Prepare** (sandbox A, fresh, no network): a clean copy of the repository at ``base_commit`` at ``/testbed``;
    ``git apply`` the diff; **reset** every test file the test patch touches to ``base_commit`` (and, as a second
-   line, any protected file the diff still changed); apply the ``test_patch``; append a *canary* test with a random
-   name to every test file that will run: it asserts something false, so it must be reported ``FAILED``.
-3. **Run** (sandbox B, fresh, no network): the tree is mounted **read-only** (code under test cannot rewrite tests,
-   plant a ``conftest.py`` or leave state), our own pytest command (:func:`~envhub_swe_gym.testrun.pytest_command`:
-   absolute interpreter, ``-I``, our ini, no plugin autoload) runs the test files with ``-rA``.
-4. **Parse** the summary; **check integrity**: pytest must have finished (summary and final line printed), and every
-   canary must be ``FAILED`` (a run where a failing test passes, or disappears, was tampered with).
-5. **Resolve**: every FAIL_TO_PASS test ``PASSED`` and every PASS_TO_PASS test ``PASSED`` (missing, skipped, xfail
-   and errors count as not passed). Reward 1.0 / 0.0; ``details`` holds SWE-bench's ``tests_status`` report.
+   line, any protected file the diff still changed); apply the ``test_patch``; plant one or two *canaries* per test
+   file: failing tests with names built from the file's own words, between random top-level statements.
+3. **Run** (sandbox B, fresh, no network, tree **read-only**): our pytest command (absolute interpreter, ``-I``, our
+   ini, no plugin autoload) runs through the grader's launcher (:mod:`~envhub_swe_gym.verdict_runner`), which gets
+   a per-run secret on stdin before any code under test is imported.
+4. **Read** the HMAC-authenticated records (:mod:`~envhub_swe_gym.verdict`); the pytest log is kept for people,
+   never read for a verdict. **Check integrity**: the run finished; the audit hook refused no tampering; every
+   canary failed; every test that passed also recorded, from inside its own body, that the body ran to its end.
+5. **Resolve**: every FAIL_TO_PASS and PASS_TO_PASS test passed (setup, call and teardown; skipped, xfail, errors,
+   missing count as not passed). Reward 1.0 / 0.0; ``details`` holds SWE-bench's ``tests_status`` report.
+
+Why each step holds against code that runs inside the test process: docs/decisions.md, "#13 swe-gym verdicts".
 
 Defenses can be switched off one by one (``defenses=``) only so tests can show that each remaining line still
 holds; graders in use keep them all.
@@ -25,6 +28,7 @@ holds; graders in use keep them all.
 from __future__ import annotations
 
 import json
+import random
 import secrets
 import shutil
 import subprocess
@@ -37,10 +41,11 @@ from typing import Any
 from envhub import Score
 from envhub_swe_gym import repos
 from envhub_swe_gym.patchguard import filter_patch, protected_reason, scan_patch
-from envhub_swe_gym.testrun import PYTEST_ENV, diff_files, files_of_tests, is_test_path, parse_pytest_rA, \
-    pytest_command, pytest_ini
+from envhub_swe_gym.testrun import PYTEST_ENV, RUNNER_SOURCE, diff_files, files_of_tests, is_test_path, \
+    pytest_ini, runner_command
+from envhub_swe_gym.verdict import identifier, new_secret, plant_canaries, read_records
 
-DEFENSES = frozenset({"filter", "scan", "reset", "readonly", "canary"})
+DEFENSES = frozenset({"filter", "scan", "reset", "readonly", "canary", "body-end", "audit"})
 GIT = ["git", "-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false", "-c", "safe.directory=*"]
 GIT_ENV = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_TERMINAL_PROMPT": "0"}
 MAX_PATCH_BYTES = 2 << 20
@@ -130,39 +135,50 @@ class SweGymVerifier:
         from envhub.sandbox import SandboxSpec, start
 
         t0 = time.perf_counter()
+        rng = random.Random(secrets.randbits(64))
         checkout = repos.checkout(task["repo"], task["base_commit"])
         test_patch = task.get("test_patch") or ""
         patch_tests = [f for f in diff_files(test_patch) if f.endswith(".py") and is_test_path(f)
                        and Path(f).name != "conftest.py"]
         run_files = list(dict.fromkeys(files_of_tests(f2p + p2p) + patch_tests))
-        nonce = secrets.token_hex(6)
-        canaries = [f"{f}::test_{nonce}_{i}" for i, f in enumerate(run_files)]
         prep = Path(tempfile.mkdtemp(prefix="swe-gym-eval-"))
         try:
             tree, grader_dir = prep / "testbed", prep / "grader"
             subprocess.run(["cp", "-a", f"{checkout}/.", str(tree)], check=True, capture_output=True)
             grader_dir.mkdir()
             (grader_dir / "pytest.ini").write_text(pytest_ini("/testbed"))
+            runner = f"/grader/{identifier(rng)[1:]}.py"
+            (grader_dir / Path(runner).name).write_text(RUNNER_SOURCE)
             base = dict(workdir="/grader-work", network=False, memory_mb=self.memory_mb, timeout_s=self.timeout_s,
                         output_limit=4 << 20, env=dict(GIT_ENV))
             with start(SandboxSpec(binds=[(str(tree), "/testbed", "rw"), (str(grader_dir), "/grader", "ro")],
                                    **base)) as sb:
-                problem = self._prepare(sb, task, patch, test_patch, run_files, nonce, details)
+                problem, canaries = self._prepare(sb, task, patch, test_patch, run_files, rng, details)
             if problem:
                 return _fail(details, problem)
             mode = "ro" if "readonly" in self.defenses else "rw"
+            secret = new_secret()
+            names = (identifier(rng), identifier(rng), identifier(rng))
             with start(SandboxSpec(binds=[(str(tree), "/testbed", mode), (str(grader_dir), "/grader", "ro")],
                                    **base)) as sb:
-                r = sandbox_run(sb, pytest_command(self.python, run_files, "/grader/pytest.ini", "/testbed"),
-                                env=PYTEST_ENV, timeout=self.timeout_s)
+                r = sandbox_run(sb, runner_command(self.python, runner, run_files, "/grader/pytest.ini", "/testbed"),
+                                input=secret.payload(*names, audit="audit" in self.defenses), env=PYTEST_ENV,
+                                timeout=self.timeout_s)
+                try:
+                    text = sb.read_file(secret.out).decode("utf-8", errors="replace")
+                except Exception:  # no records file: the run left nothing we can trust
+                    text = ""
+                records = read_records(text, secret)
         finally:
             shutil.rmtree(prep, ignore_errors=True)
         details["duration_s"] = round(time.perf_counter() - t0, 3)
-        return self._judge(r, f2p, p2p, canaries, details)
+        return self._judge(r, records, f2p, p2p, canaries, details)
 
-    def _prepare(self, sb, task: dict, patch: str, test_patch: str, run_files: list[str], nonce: str,
-                 details: dict) -> str | None:
-        """Apply the diff, reset test files, apply the test patch, plant canaries. Returns a failure reason or None."""
+    def _prepare(self, sb, task: dict, patch: str, test_patch: str, run_files: list[str], rng: random.Random,
+                 details: dict) -> tuple[str | None, list[str]]:
+        """Apply the diff, reset test files, apply the test patch, plant canaries.
+
+        Returns (a failure reason or None, the canaries' node ids)."""
         base = task["base_commit"]
 
         def git(*args: str, input: str | None = None):
@@ -171,7 +187,7 @@ class SweGymVerifier:
         r = git("apply", "--whitespace=nowarn", "-", input=patch)
         if not r.ok:
             details["apply_log"] = r.output[-2000:]
-            return "the patch does not apply to base_commit"
+            return "the patch does not apply to base_commit", []
         reset: list[str] = []
         if "reset" in self.defenses:
             status = git("status", "--porcelain=v1", "-z", "--untracked-files=all")
@@ -184,7 +200,7 @@ class SweGymVerifier:
         if to_restore:
             r = git("checkout", "-q", base, "--", *to_restore)
             if not r.ok:
-                return f"could not reset test files: {r.output[-500:]}"
+                return f"could not reset test files: {r.output[-500:]}", []
         if to_remove:
             sandbox_run(sb, ["rm", "-rf", "--", *to_remove])
         details["reset"] = sorted(set(to_restore) | set(to_remove))
@@ -192,49 +208,66 @@ class SweGymVerifier:
             r = git("apply", "--whitespace=nowarn", "-", input=test_patch)
             if not r.ok:
                 details["apply_log"] = r.output[-2000:]
-                return "the test patch does not apply after the agent's patch (the task row is broken)"
+                return "the test patch does not apply after the agent's patch (the task row is broken)", []
+        canaries: list[str] = []
         if "canary" in self.defenses:
-            for i, f in enumerate(run_files):
-                # the canary is ordinary test code: a hack that forces results cannot tell it from a real test
-                a, b = secrets.randbelow(10**6), secrets.randbelow(10**6) + 10**6
-                code = f"\n\ndef test_{nonce}_{i}():\n    assert {a} == {b}\n"
-                r = sandbox_run(sb, ["sh", "-c", 'test -f "$1" && ! test -L "$1" && cat >> "$1"', "sh", f],
-                                input=code)
+            # canaries are ordinary-looking tests with names built from the file's own words, at random places,
+            # one or two per file: a hack cannot pick them out by name, shape or position
+            for f in run_files:
+                r = sandbox_run(sb, ["sh", "-c", 'test -f "$1" && ! test -L "$1" && cat "$1"', "sh", f])
                 if not r.ok:
-                    return f"could not plant the integrity check in {f} (missing or not a regular file)"
-        return None
+                    return f"could not plant the integrity check in {f} (missing or not a regular file)", []
+                text, names = plant_canaries(r.stdout, rng, rng.randint(1, 2))
+                r = sandbox_run(sb, ["sh", "-c", 'cat > "$1"', "sh", f], input=text)
+                if not r.ok:
+                    return f"could not plant the integrity check in {f}: {r.output[-300:]}", []
+                canaries += [f"{f}::{n}" for n in names]
+        return None, canaries
 
-    def _judge(self, r, f2p: list[str], p2p: list[str], canaries: list[str], details: dict) -> Score:
-        log = parse_pytest_rA(r.stdout + "\n" + r.stderr, expected=f2p + p2p + canaries)
-        statuses = log.statuses
+    def _judge(self, r, rec, f2p: list[str], p2p: list[str], canaries: list[str], details: dict) -> Score:
+        """The verdict from the authenticated records only; the log is kept for people to read."""
         details.update(exit_code=r.exit_code, log_tail=(r.stdout + r.stderr)[-3000:])
         integrity = []
         if r.timed_out:
             integrity.append(f"the test run timed out after {self.timeout_s:g} s")
-        elif not log.complete:
-            integrity.append(f"pytest did not finish its report (exit code {r.exit_code}): the run was cut short")
-        if "canary" in self.defenses:
-            for c in canaries:
-                if statuses.get(c) != "FAILED":
-                    integrity.append(f"the canary test {c} must fail but was {statuses.get(c, 'not reported')}: "
-                                     f"the test run was tampered with")
-            if r.exit_code == 0:
-                integrity.append("pytest exited 0 although a canary test failed: the exit was forged")
-        if log.collection_errors:
-            details["collection_errors"] = log.collection_errors
+        elif not rec.finished:
+            integrity.append(f"the test run did not finish (exit code {r.exit_code}, {len(rec.outcomes)} "
+                             "authenticated records): the run was cut short")
+        if rec.rejected:
+            details["forged_records"] = rec.rejected
+        if rec.tampering:
+            integrity.append(f"the code under test tried {', '.join(sorted(set(rec.tampering)))} during the test "
+                             "run (refused): the test run was tampered with")
+        for c in canaries:
+            if rec.outcomes.get((c, "call")) != "failed":
+                integrity.append(f"the canary test {c} must fail but was {rec.outcomes.get((c, 'call'), 'not run')}: "
+                                 "the test run was tampered with")
+        statuses = {t: rec.status(t) for t in f2p + p2p}
+        if "body-end" in self.defenses:
+            for t in f2p + p2p:
+                if statuses[t] != "PASSED" or t in rec.body_ends:
+                    continue
+                if f"/testbed/{t.split('::')[0]}" not in rec.instrumented:
+                    statuses[t] = "UNVERIFIED"
+                    integrity.append(f"{t} cannot be verified: its file was not instrumented (pytest did not "
+                                     "rewrite it: assertion rewriting off, or not collected as a test module)")
+                else:
+                    statuses[t] = "UNTRUSTED"
+                    integrity.append(f"{t} was reported passed, but its body never ran to its end: the test "
+                                     "outcome was forced")
         report = {}
         for key, names in (("FAIL_TO_PASS", f2p), ("PASS_TO_PASS", p2p)):
-            report[key] = {"success": [t for t in names if statuses.get(t) == "PASSED"],
-                           "failure": [t for t in names if statuses.get(t) != "PASSED"]}
+            report[key] = {"success": [t for t in names if statuses[t] == "PASSED"],
+                           "failure": [t for t in names if statuses[t] != "PASSED"]}
         details["tests_status"] = report
-        details["tests"] = {t: statuses.get(t, "MISSING") for t in f2p + p2p}
+        details["tests"] = statuses
         if integrity:
-            details["integrity"] = integrity
+            details["integrity"] = integrity[:20]
             return _fail(details, integrity[0])
         failed = report["FAIL_TO_PASS"]["failure"] + report["PASS_TO_PASS"]["failure"]
         if failed:
             return _fail(details, f"{len(failed)} named test(s) did not pass: "
-                                  + ", ".join(f"{t} ({details['tests'][t]})" for t in failed[:5]))
+                                  + ", ".join(f"{t} ({statuses[t]})" for t in failed[:5]))
         details["resolved"] = True
         details["reason"] = f"resolved: {len(f2p)} FAIL_TO_PASS and {len(p2p)} PASS_TO_PASS tests pass"
         return Score(1.0, True, details)

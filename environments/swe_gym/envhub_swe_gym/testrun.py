@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 
 STATUSES = ("PASSED", "FAILED", "ERROR", "SKIPPED", "XFAIL", "XPASS")
 
@@ -59,6 +60,16 @@ def pytest_command(python: str, test_files: list[str], ini_path: str, rootdir: s
         "-c", ini_path, "--rootdir", rootdir, "-p", "no:cacheprovider", "-p", "no:stepwise",
         *test_files,
     ]
+
+
+RUNNER_SOURCE = (Path(__file__).parent / "verdict_runner.py").read_text()
+
+
+def runner_command(python: str, runner: str, test_files: list[str], ini_path: str, rootdir: str) -> list[str]:
+    """The grader's argv: :func:`pytest_command`'s options, run through the verdict runner at ``runner`` (a path in
+    the sandbox) instead of ``-m pytest`` (see :mod:`envhub_swe_gym.verdict_runner`)."""
+    argv = pytest_command(python, test_files, ini_path, rootdir)
+    return [python, "-I", "-B", runner, *argv[argv.index("pytest") + 1:]]
 
 
 _HEADER = re.compile(r"^=+ short test summary info =+$", re.M)
