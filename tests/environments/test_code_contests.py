@@ -219,20 +219,25 @@ def test_package_is_hidden_even_when_installed_in_a_bound_prefix(masked, spec, r
     put it. Without the mask the two search probes really find the hidden tests and pass (so they are real probes);
     with the mask (what the plugin does) both fail, in RUN and in EVAL."""
     from envhub_code_contests import PACKAGE, CodeContests, grader
+    from envhub_code_contests.isolation import hide_package
 
     expose = [(str(PACKAGE), str(PACKAGE), "ro")]
+    mask = hide_package(PACKAGE)
+
+    def binds(spec_binds):  # the other binds (the judge launcher...) stay; only the plugin's mask is left out
+        return expose + [b for b in spec_binds if masked or b not in mask]
 
     class Exposed(CodeContests):
         def sandbox_spec_for(self, task):
             s = super().sandbox_spec_for(task)
-            s.binds = expose + (s.binds if masked else [])
+            s.binds = binds(s.binds)
             return s
 
     original = grader.eval_spec
 
     def exposed_eval_spec(memory_mb):
         s = original(memory_mb)
-        s.binds = expose + (s.binds if masked else [])
+        s.binds = binds(s.binds)
         return s
 
     monkeypatch.setattr(grader, "eval_spec", exposed_eval_spec)
