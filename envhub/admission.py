@@ -294,12 +294,16 @@ def _grade_task(task: dict[str, Any], episodes: dict[str, Episode], probes: list
     for p in probes:
         if p.skip:
             checks.append(Check(f"probe:{p.name}", True, p.skip, status="skip"))
-    gold = [(k, golden.artifacts)] if (golden_key and (k := golden_key) in first and first[k].passed) else []
-    negatives = [(_key(ep.artifacts), ep.artifacts) for n, ep in episodes.items()
-                 if n not in ("golden", "golden-replay") and not ep.error and ep.score is not None
-                 and not ep.score.passed and _key(ep.artifacts) != golden_key]
-    negatives = list({k: (k, a) for k, a in negatives}.values())
-    ok, msg, made, neg = regrade(grader, task, gold, negatives, first, regrades, budget.seconds)
+    gold = [("golden", golden.artifacts)] if golden_key and first[golden_key].passed else []
+    negatives: dict[str, tuple[str, dict[str, Any]]] = {}  # one per distinct artifact, named by its first episode
+    for name, ep in episodes.items():
+        k = _key(ep.artifacts)
+        if name not in ("golden", "golden-replay") and not ep.error and ep.score is not None \
+                and not ep.score.passed and k != golden_key:
+            negatives.setdefault(k, (name, ep.artifacts))
+    verdicts = {name: ep.score for name, ep in episodes.items() if ep.score is not None}
+    ok, msg, made, neg = regrade(grader, task, gold, list(negatives.values()), verdicts, regrades,
+                                    budget.seconds)
     checks.append(Check("regrade", ok, msg))
     report = TaskReport(str(task.get("task_id", "")), checks)
     report.regrade_calls, report.regrade_negatives = made, neg

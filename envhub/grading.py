@@ -106,7 +106,7 @@ def regrade(grader: BoundedGrader, task: dict[str, Any], golden: list[tuple[str,
             seconds: float) -> tuple[bool, str, int, int]:
     """Re-grade in rotation (golden, negative, negative, ...); ``(ok, message, calls made, must-fail calls)``.
 
-    ``first`` maps each artifact's key to its first verdict; keys are the names in ``golden`` / ``negatives``."""
+    ``first`` maps each name in ``golden`` / ``negatives`` (an episode: ``noop``, ``probe:...``) to its first verdict."""
     rotation: list[tuple[str, dict[str, Any]]] = []
     g = n = 0
     while len(rotation) < 3 * max(len(golden), len(negatives), 1) and (golden or negatives):
@@ -129,9 +129,9 @@ def regrade(grader: BoundedGrader, task: dict[str, Any], golden: list[tuple[str,
         neg += key in negative_keys
         before = first[key]
         if crashed(score):
-            return False, f"re-grade #{made} of {key}: {crashed(score)}", made, neg
+            return False, f"re-grade #{made} ({key}): {crashed(score)}", made, neg
         if (score.passed, score.reward) != (before.passed, before.reward):
-            return False, (f"re-grade #{made} of {key} ({grader.calls} verify calls in this task) gave "
+            return False, (f"re-grade #{made} ({key}'s artifacts; {grader.calls} verify calls in this task) gave "
                            f"passed={score.passed} reward {score.reward}; its first grade was passed={before.passed} "
                            f"reward {before.reward}: the verdict depends on state or chance"), made, neg
         if time.perf_counter() - t0 > seconds:
