@@ -46,7 +46,7 @@ from envhub.policy import Policy
 from envhub.probes import ANSWER_EDITS, Probe, builtin_probes
 from envhub.spec import EnvSpec
 from envhub.task import select
-from envhub.verifier import Score
+from envhub.verifier import Score, as_verifier
 
 SEED = 1234
 EPISODE_TIMEOUT_S = 300.0
@@ -273,7 +273,7 @@ def _grade_task(task: dict[str, Any], episodes: dict[str, Episode], probes: list
     if golden.error:
         checks.append(Check("deterministic", True, "not checked: the golden raised (its task is quarantined)",
                             status="skip"))
-    elif replay.error or replay.score is None:
+    elif replay.error or replay.score is None or golden.score is None:
         checks.append(Check("deterministic", False, f"replay raised {(replay.error or '').splitlines()[0]}"))
     elif (golden.score.reward, golden.score.passed) != (replay.score.reward, replay.score.passed):
         checks.append(Check("deterministic", False, f"replay with seed {SEED} gave reward {replay.score.reward}, "
@@ -328,7 +328,7 @@ async def admit_async(spec: EnvSpec, *, n: int | None = None, task_ids: list[str
                 return Episode(error=f"TimeoutError: episode took longer than {EPISODE_TIMEOUT_S:.0f}s")
 
     async def one(task: dict[str, Any]) -> TaskReport:
-        grader = BoundedGrader(spec.verifier, budget.grade_timeout_s, hung)
+        grader = BoundedGrader(as_verifier(spec.verifier), budget.grade_timeout_s, hung)
         try:
             report = await admit_task(spec, task, functools.partial(run, task), grader, budget, regrades)
         finally:

@@ -84,8 +84,8 @@ def answer_slot(final: Action, tools: list[ToolSpec]) -> tuple[str | None, str |
             return key, str(value)
     spec = next((t for t in tools if t.name == call.name), None)
     props = (spec.parameters.get("properties") or {}) if spec else {}
-    key = next((k for k, p in props.items() if "string" in str(p.get("type", ""))), None)
-    return key, None
+    name: str | None = next((k for k, p in props.items() if "string" in str(p.get("type", ""))), None)
+    return name, None
 
 
 def with_answer(final: Action, key: str | None, text: str) -> Action:
@@ -137,18 +137,32 @@ def negated(s: str) -> str | None:
     return s[:m.start()] + MINUS + s[m.start():]
 
 
+def extra_value(s: str) -> str | None:
+    m = _last_number(s)
+    return None if m is None else s[:m.end()] + ", " + str(wrong(m.group())) + s[m.end():]
+
+
+def several_answers(s: str) -> str | None:
+    first, second = wrong(s, 1), wrong(s, -1)
+    return None if first is None or second is None else "\n".join([first, s, second])
+
+
+def wrong_lookalike(s: str) -> str | None:
+    w = wrong(s)
+    return None if w is None else w.translate(FULLWIDTH)
+
+
 ANSWER_EDITS: dict[str, tuple[Callable[[str], str | None], bool]] = {
     "trailing-text": (lambda s: _insert_after_number(s, TRAILING_TEXT) or s + TRAILING_TEXT, True),
     "trailing-digit": (lambda s: _insert_after_number(s, "1"), True),
-    "extra-value": (lambda s: _insert_after_number(s, ", " + (wrong(_last_number(s).group()) or ""))
-                    if _last_number(s) else None, True),
-    "several-answers": (lambda s: "\n".join([wrong(s, 1), s, wrong(s, -1)]) if _last_number(s) else None, True),
+    "extra-value": (extra_value, True),
+    "several-answers": (several_answers, True),
     "preamble-only": (preamble, True),
     "empty-answer": (lambda s: "", True),
     "whitespace-answer": (lambda s: "  \n\t ", True),
     "unicode-lookalike": (lambda s: s.translate(FULLWIDTH).replace("-", MINUS) if s.strip() else None, False),
     "unicode-minus": (negated, True),
-    "unicode-digits-wrong": (lambda s: (wrong(s) or "").translate(FULLWIDTH) or None, True),
+    "unicode-digits-wrong": (wrong_lookalike, True),
 }
 
 
