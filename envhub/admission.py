@@ -235,8 +235,9 @@ def _judge(name: str, ep: Episode, must_pass: bool, *, must_fail: bool = True) -
 
 
 async def admit_task(spec: EnvSpec, task: dict[str, Any], run, grader: BoundedGrader, budget: Budget,
-                     regrades: int) -> TaskReport:
-    """All checks for one task; ``run(policy, **kw)`` plays one episode under the caller's concurrency limit."""
+                     regrades: int, limit: asyncio.Semaphore) -> TaskReport:
+    """All checks for one task; ``run(policy, **kw)`` plays one episode under the caller's concurrency limit, and
+    the grading holds one slot of ``limit`` too (a sandboxed grader is as heavy as an episode)."""
     tools = list(getattr(spec.make(), "tools", []))
     golden = await run(spec.golden)  # first: the built-in probes are derived from its actions
     probes = builtin_probes(golden.actions, tools) if not golden.error else \
@@ -250,7 +251,8 @@ async def admit_task(spec: EnvSpec, task: dict[str, Any], run, grader: BoundedGr
         if not p.skip:
             jobs[f"probe:{p.name}"] = run(p.policy)
     episodes = {"golden": golden, **dict(zip(jobs, await asyncio.gather(*jobs.values())))}
-    return await asyncio.to_thread(_grade_task, task, episodes, probes, grader, budget, regrades)
+    async with limit:
+        return await asyncio.to_thread(_grade_task, task, episodes, probes, grader, budget, regrades)
 
 
 def _grade_task(task: dict[str, Any], episodes: dict[str, Episode], probes: list[Probe], grader: BoundedGrader,
@@ -330,7 +332,7 @@ async def admit_async(spec: EnvSpec, *, n: int | None = None, task_ids: list[str
     async def one(task: dict[str, Any]) -> TaskReport:
         grader = BoundedGrader(as_verifier(spec.verifier), budget.grade_timeout_s, hung)
         try:
-            report = await admit_task(spec, task, functools.partial(run, task), grader, budget, regrades)
+            report = await admit_task(spec, task, functools.partial(run, task), grader, budget, regrades, sem)
         finally:
             grader.close()
         if progress:
