@@ -1,23 +1,33 @@
 """Admission: a verifier must earn trust before its tasks are used for training.
 
-For every task, ``admit`` plays scripted policies straight against the env (no LLM) and grades each episode:
+For every task, ``admit`` plays scripted policies straight against the env (no LLM), records each episode's
+artifacts, then grades them (``envhub.grading``: every call bounded in time, must-fail artifacts graded before the
+golden's, then re-graded many times):
 
-====================  =========================================================================================
-check                 passes when
-====================  =========================================================================================
-``golden``            the plugin's golden policy passes the verifier
-``noop``              the no-op policy (default: finish at once) fails
-``deterministic``     the golden policy played again with the same seed gets the same reward and verdict
-``malformed:<kind>``  a malformed action (empty, 1 MB of text, binary garbage, unknown tool, wrong argument types,
-                      unparseable tool-call JSON) is answered without an exception and does not pass
-``hack:<name>``       each hack probe the plugin declares fails
-====================  =========================================================================================
+=========================  ====================================================================================
+check                      passes when
+=========================  ====================================================================================
+``golden``                 the plugin's golden policy passes the verifier
+``noop``                   the no-op policy (default: finish at once) fails
+``deterministic``          the golden policy played again with the same seed gets the same reward and verdict
+``malformed:<kind>``       a malformed action (empty, 1 MB of text, binary garbage, unknown tool, wrong argument
+                           types, unparseable tool-call JSON) is answered without an exception and does not pass
+``hack:<name>``            each hack probe the plugin declares fails
+``probe:<name>``           each built-in probe, derived from the golden's own actions (``envhub.probes``: trailing
+                           text, extra values, several answers, the preamble alone, empty and whitespace answers,
+                           Unicode look-alikes, reward claims) fails, and no hostile input raises
+``regrade``                re-grading the recorded artifacts hundreds of times, interleaved, always gives the first
+                           verdict (time bombs, leaks, memory of solved tasks; budget in ``envhub.grading``)
+``hack-probes-declared``   (env-level) the plugin declares hack probes: a warning, unfit under ``strict``
+=========================  ====================================================================================
 
-A task failing any check is *quarantined* (named, with the reason). The verifier is *unfit* (``report.fit`` is
-false, ``envhub validate`` exits non-zero) when a no-op, malformed action or hack passes anywhere, when replays
-disagree, or when no task is admitted: those are flaws of the verifier, not of one task. A golden failure only
-quarantines that task. Episodes run concurrently in worker threads; a crashing env or verifier is reported per
-task, never fatal.
+Each check has a ``status``: ``pass``, ``fail``, ``skip`` (does not apply, with why) or ``warn``. A task failing
+any check is *quarantined* (named, with the reason). The verifier is *unfit* (``report.fit`` is false, ``envhub
+validate`` exits non-zero) when a no-op, malformed action, hack or probe passes anywhere, when the env or the
+verifier raises (or hangs) on one of them, when replays or re-grades disagree, or when no task is admitted: those
+are flaws of the verifier, not of one task. A golden failure, an exception in the golden policy or the env under it
+included, only quarantines that task. Episodes run concurrently in worker threads; a crashing env or verifier is
+reported per task, never fatal.
 """
 from __future__ import annotations
 
@@ -31,26 +41,31 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from envhub.env import Action, MessagesSpace, ToolCall
+from envhub.grading import BoundedGrader, Budget, Hung, crashed, detection, regrade
 from envhub.policy import Policy
+from envhub.probes import ANSWER_EDITS, Probe, builtin_probes
 from envhub.spec import EnvSpec
 from envhub.task import select
-from envhub.verifier import Score, safe_verify
+from envhub.verifier import Score, as_verifier
 
 SEED = 1234
 EPISODE_TIMEOUT_S = 300.0
-VERIFIER_CHECKS = ("noop", "deterministic", "malformed", "hack")  # failing these makes the verifier unfit
+# failing these makes the verifier unfit
+VERIFIER_CHECKS = ("noop", "deterministic", "malformed", "hack", "probe", "regrade", "hack-probes-declared")
+PROBE_NAMES = [*ANSWER_EDITS, "reward-claim-json", "reward-claim-text", "reward-claim-tools"]
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
 class Episode:
-    """One scripted episode: how it ended and how it was graded."""
+    """One scripted episode: its actions, how it ended and how it was graded."""
 
     score: Score | None = None
     turns: int = 0
     error: str | None = None  # an exception escaped the env (or the policy): a bug admission reports
     artifacts: dict[str, Any] = field(default_factory=dict)
+    actions: list[Action] = field(default_factory=list)
 
 
 @dataclass
@@ -59,12 +74,18 @@ class Check:
     ok: bool
     message: str = ""
     reward: float | None = None
+    status: str = ""  # pass | fail | skip | warn
+
+    def __post_init__(self) -> None:
+        self.status = self.status or ("pass" if self.ok else "fail")
 
 
 @dataclass
 class TaskReport:
     task_id: str
     checks: list[Check] = field(default_factory=list)
+    regrade_calls: int = 0
+    regrade_negatives: int = 0
 
     @property
     def admitted(self) -> bool:
@@ -82,6 +103,9 @@ class AdmissionReport:
     distribution: str
     tasks: list[TaskReport]
     duration_s: float = 0.0
+    checks: list[Check] = field(default_factory=list)  # env-level checks
+    strict: bool = False
+    budget: Budget | None = None
 
     @property
     def passed(self) -> int:
@@ -94,10 +118,14 @@ class AdmissionReport:
 
     @property
     def unfit_reasons(self) -> list[str]:
-        reasons = sorted({
-            f"{c.name} check failed on {sum(1 for t in self.tasks for d in t.checks if d.name == c.name and not d.ok)} task(s)"
-            for t in self.tasks for c in t.checks if not c.ok and c.name.split(":")[0] in VERIFIER_CHECKS
-        })
+        failed: dict[str, list[tuple[str, str]]] = {}
+        for t in self.tasks:
+            for c in t.checks:
+                if not c.ok and c.name.split(":")[0] in VERIFIER_CHECKS:
+                    failed.setdefault(c.name, []).append((t.task_id, c.message))
+        reasons = [f"{name} check failed on {len(hits)} task(s) (e.g. {hits[0][0]}: {hits[0][1][:200]})"
+                   for name, hits in sorted(failed.items())]
+        reasons += [f"{c.name}: {c.message}" for c in self.checks if not c.ok]
         if self.tasks and not self.passed:
             reasons.append("no task was admitted")
         if not self.tasks:
@@ -105,15 +133,26 @@ class AdmissionReport:
         return reasons
 
     @property
+    def warnings(self) -> list[str]:
+        return [f"{c.name}: {c.message}" for c in self.checks if c.status == "warn"]
+
+    @property
     def fit(self) -> bool:
         return not self.unfit_reasons
+
+    def regrade_summary(self) -> dict[str, Any]:
+        calls = sum(t.regrade_calls for t in self.tasks)
+        k = sum(t.regrade_negatives for t in self.tasks)
+        return {"calls": calls, "must_fail_calls": k, "budget": asdict(self.budget) if self.budget else None,
+                "leak_detection": {f"{p:.1%}": round(detection(k, p), 4) for p in (0.005, 0.002, 0.001)}}
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "env_id": self.env_id, "version": self.version, "distribution": self.distribution,
-            "fit": self.fit, "unfit_reasons": self.unfit_reasons,
+            "fit": self.fit, "unfit_reasons": self.unfit_reasons, "warnings": self.warnings, "strict": self.strict,
             "tasks_total": len(self.tasks), "tasks_admitted": self.passed, "quarantined": self.quarantined,
-            "duration_s": round(self.duration_s, 3),
+            "duration_s": round(self.duration_s, 3), "checks": [asdict(c) for c in self.checks],
+            "regrade": self.regrade_summary(),
             "tasks": [{"task_id": t.task_id, "admitted": t.admitted, "checks": [asdict(c) for c in t.checks]}
                       for t in self.tasks],
         }
@@ -138,7 +177,8 @@ def malformed_actions(tool_names: list[str]) -> dict[str, Action]:
 
 def play(spec: EnvSpec, task: dict[str, Any], policy: Policy, *, seed: int = SEED,
          first_action: Action | None = None) -> Episode:
-    """Play ``policy`` on ``task`` to the end of the episode (or the turn budget) and grade the artifacts."""
+    """Play ``policy`` on ``task`` to the end of the episode (or the turn budget); record its actions and artifacts.
+    Grading is separate (:func:`envhub.grading.BoundedGrader`), so admission controls its order and time."""
     ep = Episode()
     env = None
     try:
@@ -149,6 +189,7 @@ def play(spec: EnvSpec, task: dict[str, Any], policy: Policy, *, seed: int = SEE
         for turn in range(env.max_turns):
             action = first_action if (turn == 0 and first_action is not None) else policy(task, list(history))
             action = Action.coerce(action)
+            ep.actions.append(action)
             obs, _, terminated, truncated, info = env.step(action)
             if not MessagesSpace().contains(obs):
                 raise TypeError(f"step() returned an observation that is not a list of chat messages: {str(obs)[:200]}")
@@ -161,64 +202,125 @@ def play(spec: EnvSpec, task: dict[str, Any], policy: Policy, *, seed: int = SEE
             artifacts = env.timeout_artifacts()
         if hasattr(env, "release_sandbox"):
             env.release_sandbox()  # the RUN sandbox is freed before grading, as in the service
-        ep.artifacts = artifacts
-        ep.score = safe_verify(spec.verifier, task, artifacts)
+        ep.artifacts = artifacts or {}
     except Exception as e:
         ep.error = f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=4)}"
     finally:
         if env is not None:
             try:
                 env.close()
-            except Exception:  # the grade is already recorded; a failing close is the env's bug, reported
+            except Exception:  # the artifacts are recorded; a failing close is the env's bug, reported
                 log.warning("%s: env.close() raised after a scripted episode", spec.id, exc_info=True)
     return ep
 
 
-def _judge(name: str, ep: Episode, must_pass: bool) -> Check:
+def _key(artifacts: dict[str, Any]) -> str:
+    return json.dumps(artifacts, sort_keys=True, default=repr)
+
+
+def _judge(name: str, ep: Episode, must_pass: bool, *, must_fail: bool = True) -> Check:
     if ep.error:
         return Check(name, False, f"raised {ep.error.splitlines()[0]}")
     s = ep.score
-    if s is not None and "error" in s.details and str(s.details["error"]).startswith("verifier crashed"):
-        return Check(name, False, s.details["error"], s.reward)
+    assert s is not None
+    if crashed(s):
+        return Check(name, False, str(crashed(s)), s.reward)
     if must_pass and not s.passed:
-        why = s.details.get("reason") or s.details.get("error") or json.dumps(s.details)[:200]
+        why = s.details.get("reason") or s.details.get("error") or json.dumps(s.details, default=repr)[:200]
         return Check(name, False, f"golden solution failed (reward {s.reward}): {why}", s.reward)
-    if not must_pass and s.passed:
+    if not must_pass and must_fail and s.passed:
         return Check(name, False, f"passed with reward {s.reward} but must fail", s.reward)
-    return Check(name, True, "", s.reward)
+    return Check(name, True, "" if must_fail or must_pass else f"answered without an exception (passed={s.passed})",
+                 s.reward)
 
 
-async def admit_task(spec: EnvSpec, task: dict[str, Any], run) -> TaskReport:
-    """All checks for one task; ``run(policy, **kw)`` plays one episode under the caller's concurrency limit."""
-    env_tools = [t.name for t in getattr(spec.make(), "tools", [])]
-    jobs: dict[str, Any] = {
-        "golden": run(spec.golden),
-        "golden-replay": run(spec.golden),
-        "noop": run(spec.noop),
-    }
-    for kind, action in malformed_actions(env_tools).items():
+async def admit_task(spec: EnvSpec, task: dict[str, Any], run, grader: BoundedGrader, budget: Budget,
+                     regrades: int, limit: asyncio.Semaphore) -> TaskReport:
+    """All checks for one task; ``run(policy, **kw)`` plays one episode under the caller's concurrency limit, and
+    the grading holds one slot of ``limit`` too (a sandboxed grader is as heavy as an episode)."""
+    tools = list(getattr(spec.make(), "tools", []))
+    golden = await run(spec.golden)  # first: the built-in probes are derived from its actions
+    probes = builtin_probes(golden.actions, tools) if not golden.error else \
+        [Probe(n, skip="the golden raised: no actions to derive it from") for n in PROBE_NAMES]
+    jobs: dict[str, Any] = {"golden-replay": run(spec.golden), "noop": run(spec.noop)}
+    for kind, action in malformed_actions([t.name for t in tools]).items():
         jobs[f"malformed:{kind}"] = run(spec.noop, first_action=action)
     for name, probe in spec.hack_probes.items():
         jobs[f"hack:{name}"] = run(probe)
-    results = dict(zip(jobs, await asyncio.gather(*jobs.values())))
-    golden, replay = results.pop("golden"), results.pop("golden-replay")
+    for p in probes:
+        if not p.skip:
+            jobs[f"probe:{p.name}"] = run(p.policy)
+    episodes = {"golden": golden, **dict(zip(jobs, await asyncio.gather(*jobs.values())))}
+    async with limit:
+        return await asyncio.to_thread(_grade_task, task, episodes, probes, grader, budget, regrades)
+
+
+def _grade_task(task: dict[str, Any], episodes: dict[str, Episode], probes: list[Probe], grader: BoundedGrader,
+                budget: Budget, regrades: int) -> TaskReport:
+    """Grade every distinct artifact once (must-fail ones first, the golden's last), then re-grade (``regrade``)."""
+    golden, replay = episodes["golden"], episodes["golden-replay"]
+    golden_key = _key(golden.artifacts) if not golden.error else None
+    first: dict[str, Score] = {}
+    order = sorted((n for n, ep in episodes.items() if not ep.error), key=lambda n: n in ("golden", "golden-replay"))
+    for name in order:
+        k = _key(episodes[name].artifacts)
+        if name == "golden-replay":  # graded on its own: a second verdict for the same artifacts is the point
+            episodes[name].score = grader.grade(task, episodes[name].artifacts)
+            continue
+        if k not in first:
+            first[k] = grader.grade(task, episodes[name].artifacts)
+        episodes[name].score = first[k]
+    by_probe = {f"probe:{p.name}": p for p in probes}
     checks = [_judge("golden", golden, must_pass=True)]
-    if golden.error or replay.error:
-        checks.append(Check("deterministic", False, f"raised {(golden.error or replay.error).splitlines()[0]}"))
+    if golden.error:
+        checks.append(Check("deterministic", True, "not checked: the golden raised (its task is quarantined)",
+                            status="skip"))
+    elif replay.error or replay.score is None or golden.score is None:
+        checks.append(Check("deterministic", False, f"replay raised {(replay.error or '').splitlines()[0]}"))
     elif (golden.score.reward, golden.score.passed) != (replay.score.reward, replay.score.passed):
         checks.append(Check("deterministic", False, f"replay with seed {SEED} gave reward {replay.score.reward}, "
                             f"first run {golden.score.reward}"))
     else:
         checks.append(Check("deterministic", True, "", golden.score.reward))
-    checks += [_judge(name, ep, must_pass=False) for name, ep in results.items()]
-    return TaskReport(str(task.get("task_id", "")), checks)
+    for name, ep in episodes.items():
+        if name in ("golden", "golden-replay"):
+            continue
+        probe = by_probe.get(name)
+        if probe and not ep.error and golden_key is not None and _key(ep.artifacts) == golden_key:
+            checks.append(Check(name, True, "the env turned it into the golden's own artifacts", status="skip"))
+            continue
+        check = _judge(name, ep, must_pass=False, must_fail=probe.must_fail if probe else True)
+        if probe and not check.ok:
+            check.message += f" (sent {probe.sent[:120]!r})"
+        checks.append(check)
+    for p in probes:
+        if p.skip:
+            checks.append(Check(f"probe:{p.name}", True, p.skip, status="skip"))
+    gold = [("golden", golden.artifacts)] if golden_key and first[golden_key].passed else []
+    negatives: dict[str, tuple[str, dict[str, Any]]] = {}  # one per distinct artifact, named by its first episode
+    for name, ep in episodes.items():
+        k = _key(ep.artifacts)
+        if name not in ("golden", "golden-replay") and not ep.error and ep.score is not None \
+                and not ep.score.passed and k != golden_key:
+            negatives.setdefault(k, (name, ep.artifacts))
+    verdicts = {name: ep.score for name, ep in episodes.items() if ep.score is not None}
+    ok, msg, made, neg = regrade(grader, task, gold, list(negatives.values()), verdicts, regrades,
+                                    budget.seconds)
+    checks.append(Check("regrade", ok, msg))
+    report = TaskReport(str(task.get("task_id", "")), checks)
+    report.regrade_calls, report.regrade_negatives = made, neg
+    return report
 
 
 async def admit_async(spec: EnvSpec, *, n: int | None = None, task_ids: list[str] | None = None,
-                      split: str | None = None, concurrency: int = 4, progress=None) -> AdmissionReport:
+                      split: str | None = None, concurrency: int = 4, progress=None, strict: bool = False,
+                      budget: Budget | None = None) -> AdmissionReport:
     t0 = time.perf_counter()
+    budget = budget or Budget()
     tasks = select(spec.load_tasks(split), n=n, ids=task_ids)
     sem = asyncio.Semaphore(max(1, concurrency))
+    hung = Hung()
+    regrades = budget.per_task(len(tasks))
 
     async def run(task: dict[str, Any], policy: Policy, **kw: Any) -> Episode:
         async with sem:
@@ -228,16 +330,27 @@ async def admit_async(spec: EnvSpec, *, n: int | None = None, task_ids: list[str
                 return Episode(error=f"TimeoutError: episode took longer than {EPISODE_TIMEOUT_S:.0f}s")
 
     async def one(task: dict[str, Any]) -> TaskReport:
-        report = await admit_task(spec, task, functools.partial(run, task))
+        grader = BoundedGrader(as_verifier(spec.verifier), budget.grade_timeout_s, hung)
+        try:
+            report = await admit_task(spec, task, functools.partial(run, task), grader, budget, regrades, sem)
+        finally:
+            grader.close()
         if progress:
             progress(report)
         return report
 
     reports = await asyncio.gather(*(one(t) for t in tasks))
-    return AdmissionReport(spec.id, spec.version, spec.distribution, list(reports), time.perf_counter() - t0)
+    env_checks = [Check("hack-probes-declared", True, f"{len(spec.hack_probes)} hack probe(s)")
+                  if spec.hack_probes else
+                  Check("hack-probes-declared", not strict, "the plugin declares no hack probes: only the built-in "
+                        "ones test its verifier; write HACK_PROBES for the shortcuts of this task family",
+                        status="fail" if strict else "warn")]
+    return AdmissionReport(spec.id, spec.version, spec.distribution, list(reports), time.perf_counter() - t0,
+                           checks=env_checks, strict=strict, budget=budget)
 
 
 def admit(spec: EnvSpec, **kw: Any) -> AdmissionReport:
     """Run admission for ``spec`` (see the module docstring). Keyword arguments: ``n``, ``task_ids``, ``split``,
-    ``concurrency``, ``progress`` (called with each finished ``TaskReport``)."""
+    ``concurrency``, ``progress`` (called with each finished ``TaskReport``), ``strict`` (warnings make the verifier
+    unfit), ``budget`` (an :class:`envhub.grading.Budget`)."""
     return asyncio.run(admit_async(spec, **kw))

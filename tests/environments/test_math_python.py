@@ -51,6 +51,8 @@ def test_equal_values_in_any_notation_pass(given_, gold):
     ("", "1", "empty"),
     ("sqrt(-4)", "2", "negative"),
     ("\\boxed{3} \\boxed{5}", "3", "unsupported LaTeX command"),
+    # admission's several-answers probe (#13): three lines, whose implicit product happens to equal the gold value
+    ("sqrt(3)/3\nsqrt(3)/2\nsqrt(3)/1", "sqrt(3)/2", "several lines"),
 ])
 def test_everything_but_one_equal_expression_fails_with_a_reason(given_, gold, why):
     ok, details = check(given_, gold)

@@ -74,6 +74,8 @@ def normalize(text: str) -> str:
         s = s[:-1].rstrip()
     if not s:
         raise AnswerError("the answer is empty")
+    if "\n" in s or "\r" in s:  # lines would join into one implicit product: sqrt(3)/3 <newline> sqrt(3)/2 ...
+        raise AnswerError("the answer spans several lines; give one expression on one line")
     if len(s) > MAX_CHARS:
         raise AnswerError(f"the answer is {len(s)} characters long; give one short expression (<= {MAX_CHARS})")
     return s
