@@ -215,3 +215,36 @@ def test_in_process_vllm_backend_matches_hf(vllm_ready, model_dir, hf_ref, promp
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-s", "-q"]))
+
+
+async def test_the_gateway_over_real_vllm_keeps_its_ids_and_logprobs(server, hf_ref, model_dir):
+    """The gateway in front of real vLLM: three chained chat calls; the merged chain holds exactly the ids vLLM
+    sampled, with vLLM's logprobs, and vLLM was given exactly the trajectory's context before each call."""
+    from envhub.gateway import ChatRequest, Gateway, build
+    from envhub.models import load_tokenizer
+
+    served = []
+
+    class Recording(OpenAIBackend):
+        async def generate(self, prompt_ids, params, *, session_id=""):
+            gen = await super().generate(prompt_ids, params, session_id=session_id)
+            served.append((list(prompt_ids), gen))
+            return gen
+
+    backend = Recording(server.url)
+    gw = Gateway(backend, load_tokenizer(model_dir))
+    s = gw.start_session("vllm")
+    msgs = [{"role": "user", "content": "Count to three."}]
+    for turn in range(3):
+        r = await gw.complete(s, ChatRequest("chat", list(msgs), None,
+                                             SamplingParams(max_tokens=8, temperature=1.0, seed=turn), True))
+        msgs += [r.call.reply, {"role": "user", "content": "Again."}]
+    await backend.close()
+    (t,) = build(s)
+    assert t.num_turns == 3 and [c.parent is not None for c in s.calls] == [False, True, True]
+    ids = t.prompt_ids + t.response_ids
+    for prompt, gen in served:
+        n = len(prompt)
+        assert ids[:n] == prompt and ids[n:n + len(gen.token_ids)] == gen.token_ids
+        assert t.response_logprobs[n - len(t.prompt_ids): n - len(t.prompt_ids) + len(gen.token_ids)] == gen.logprobs
+    assert sum(t.response_mask) == sum(len(g.token_ids) for _, g in served)
