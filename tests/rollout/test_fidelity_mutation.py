@@ -11,6 +11,7 @@ the fidelity check must find every one of those ids, with its logprob, at its pl
 from __future__ import annotations
 
 import asyncio
+import json
 import inspect
 import sys
 import types
@@ -145,3 +146,35 @@ async def test_the_service_returns_real_non_canonical_samples_exactly(backend, t
                 assert check_trajectory(traj, tiny_tokenizer, generations=backend.generations[session]) == []
     finally:
         srv.stop()
+
+
+def test_the_cli_runner_keeps_real_non_canonical_samples_exactly(backend, tiny_tokenizer):
+    """`envhub rollout`'s runner (the CLI path), one episode at a time so each backend session is one trajectory;
+    the trajectories also survive the JSON a run directory stores them as."""
+    from envhub.cli.runner import Run
+    from envhub.rollout.executor import RolloutConfig
+    from envhub.rollout.trajectory import Trajectory
+
+    backend.generations.clear()
+    run = Run(envhub.get_spec("guess-number"), backend, tiny_tokenizer, n=2, samples=1, concurrency=1,
+              config=RolloutConfig(max_turns=3), show_progress=False)
+    assert run.execute() == 0
+    trajs, gens = run.results(), list(backend.generations.values())
+    assert len(trajs) == len(gens) == 2 and all(t.num_turns >= 2 for t in trajs)
+    for t, g in zip(trajs, gens):
+        assert check_trajectory(t, tiny_tokenizer, generations=g) == []
+        assert check_trajectory(Trajectory.from_dict(json.loads(t.to_json())), tiny_tokenizer, generations=g) == []
+
+
+def test_a_re_tokenizing_executor_under_the_cli_runner_is_caught(backend, tiny_tokenizer, monkeypatch):
+    from envhub.cli.runner import Run
+    from envhub.rollout.executor import RolloutConfig
+
+    monkeypatch.setattr("envhub.rollout.executor.rollout", mutant_executor(tiny_tokenizer).rollout)
+    backend.generations.clear()
+    run = Run(envhub.get_spec("guess-number"), backend, tiny_tokenizer, n=2, samples=1, concurrency=1,
+              config=RolloutConfig(max_turns=3), show_progress=False)
+    run.execute()
+    problems = [p for t, g in zip(run.results(), backend.generations.values())
+                for p in check_trajectory(t, tiny_tokenizer, generations=g)]
+    assert problems, "the CLI runner with a re-tokenizing executor passed the fidelity check"
