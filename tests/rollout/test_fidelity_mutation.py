@@ -148,14 +148,15 @@ async def test_the_service_returns_real_non_canonical_samples_exactly(backend, t
         srv.stop()
 
 
-def test_the_cli_runner_keeps_real_non_canonical_samples_exactly(backend, tiny_tokenizer):
+def test_the_cli_runner_keeps_real_non_canonical_samples_exactly(tiny_model_path, tiny_tokenizer):
     """`envhub rollout`'s runner (the CLI path), one episode at a time so each backend session is one trajectory;
-    the trajectories also survive the JSON a run directory stores them as."""
+    the trajectories also survive the JSON a run directory stores them as. (A backend of its own: the runner closes
+    its backend when it is done.)"""
     from envhub.cli.runner import Run
     from envhub.rollout.executor import RolloutConfig
     from envhub.rollout.trajectory import Trajectory
 
-    backend.generations.clear()
+    backend = SampledNonCanonical(tiny_model_path, tiny_tokenizer)
     run = Run(envhub.get_spec("guess-number"), backend, tiny_tokenizer, n=2, samples=1, concurrency=1,
               config=RolloutConfig(max_turns=3), show_progress=False)
     assert run.execute() == 0
@@ -166,15 +167,16 @@ def test_the_cli_runner_keeps_real_non_canonical_samples_exactly(backend, tiny_t
         assert check_trajectory(Trajectory.from_dict(json.loads(t.to_json())), tiny_tokenizer, generations=g) == []
 
 
-def test_a_re_tokenizing_executor_under_the_cli_runner_is_caught(backend, tiny_tokenizer, monkeypatch):
+def test_a_re_tokenizing_executor_under_the_cli_runner_is_caught(tiny_model_path, tiny_tokenizer, monkeypatch):
     from envhub.cli.runner import Run
     from envhub.rollout.executor import RolloutConfig
 
     monkeypatch.setattr("envhub.rollout.executor.rollout", mutant_executor(tiny_tokenizer).rollout)
-    backend.generations.clear()
+    backend = SampledNonCanonical(tiny_model_path, tiny_tokenizer)
     run = Run(envhub.get_spec("guess-number"), backend, tiny_tokenizer, n=2, samples=1, concurrency=1,
               config=RolloutConfig(max_turns=3), show_progress=False)
     run.execute()
+    assert [t.finish_reason for t in run.results()] != ["error", "error"]  # the episodes really ran
     problems = [p for t, g in zip(run.results(), backend.generations.values())
                 for p in check_trajectory(t, tiny_tokenizer, generations=g)]
     assert problems, "the CLI runner with a re-tokenizing executor passed the fidelity check"
