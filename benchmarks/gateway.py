@@ -69,9 +69,11 @@ def start_gateway(tokenizer: str) -> tuple[subprocess.Popen, str]:
                              "gateway:policy", "--tokenizer", tokenizer, "--port", "0", "--max-model-len", "200000"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
     line = proc.stdout.readline()
-    if not line:
-        raise SystemExit(f"the gateway did not start:\n{proc.stderr.read()}")
-    return proc, json.loads(line)["gateway"]
+    try:
+        return proc, json.loads(line)["gateway"]
+    except (ValueError, KeyError):
+        proc.kill()
+        raise SystemExit(f"the gateway did not start ({line!r}):\n{proc.stderr.read()}") from None
 
 
 def pct(xs: list[float], q: float) -> float:

@@ -18,7 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from envhub.backends.base import Generation, SamplingParams
-from envhub.backends.scripted import ScriptedBackend
+from envhub.backends.scripted import ScriptedBackend, play
+from envhub.env import Action
 
 
 def fake_logprob(token_id: int, position: int) -> float:
@@ -31,6 +32,31 @@ class ScoredScripted(ScriptedBackend):
 
     async def generate(self, prompt_ids, params, *, session_id=""):
         gen = await super().generate(prompt_ids, params, session_id=session_id)
+        n = len(prompt_ids)
+        return Generation(gen.token_ids, [fake_logprob(t, n + i) for i, t in enumerate(gen.token_ids)],
+                          gen.finish_reason)
+
+
+class NonCanonicalScored(ScoredScripted):
+    """:class:`ScoredScripted`, but the first characters of the text (before any tool call) are one token per UTF-8
+    byte: the same text as the canonical tokenization, other ids (what a model sampling a non-canonical split produces). An adapter that
+    re-tokenizes anything the model wrote sends the engine ids no reference continues, and the replay fails."""
+
+    async def generate(self, prompt_ids, params, *, session_id=""):
+        import sys
+        from pathlib import Path
+
+        sys.path.insert(0, str(Path(__file__).parent.parent / "rollout"))
+        from rollout_sim import byte_ids
+
+        session = self._sessions[session_id]
+        codec = session.codec
+        text = codec.render_action(Action.coerce(self.policy(session.task, session.messages)))
+        # the first characters only: non-canonical, and hardly longer than the canonical ids (the trainers' tests
+        # have fixed response budgets)
+        cut = min(text.find("<tool_call>") if "<tool_call>" in text else len(text), 4)
+        gen = play(byte_ids(codec.tokenizer, text[:cut]) + (codec.encode(text[cut:]) if text[cut:] else []), codec,
+                   params)
         n = len(prompt_ids)
         return Generation(gen.token_ids, [fake_logprob(t, n + i) for i, t in enumerate(gen.token_ids)],
                           gen.finish_reason)
@@ -74,11 +100,13 @@ class Replay:
         return span
 
 
-async def reference_rollouts(spec, tasks, policy, tokenizer, *, max_length: int = 1024, max_tokens: int = 256):
-    """envhub's own trajectories of ``policy`` on ``tasks`` (scripted, with :class:`ScoredScripted` logprobs)."""
+async def reference_rollouts(spec, tasks, policy, tokenizer, *, max_length: int = 1024, max_tokens: int = 256,
+                             canonical: bool = True):
+    """envhub's own trajectories of ``policy`` on ``tasks`` (scripted, with :class:`ScoredScripted` logprobs;
+    ``canonical=False``: with :class:`NonCanonicalScored` ids)."""
     from envhub.rollout.executor import RolloutConfig, rollout
 
-    backend = ScoredScripted(policy)
+    backend = ScoredScripted(policy) if canonical else NonCanonicalScored(policy)
     config = RolloutConfig(max_length=max_length, sampling=SamplingParams(max_tokens=max_tokens))
     return [await rollout(spec, task, backend, tokenizer, config) for task in tasks]
 

@@ -46,16 +46,22 @@ def scripted_cases():
             (cd, cd_tasks[0], cd.golden), (cd, cd_tasks[1], cd.noop)]
 
 
-@pytest.fixture(scope="module")
-def references(tiny_tokenizer):
+@pytest.fixture(scope="module", params=["canonical", "non-canonical"])
+def references(tiny_tokenizer, request):
+    """Reference rollouts; ``non-canonical``: the model's text sampled as byte-level ids (see NonCanonicalScored),
+    so an adapter path that re-tokenizes what the model wrote cannot match them."""
     async def build():
         out = []
         for spec, task, policy in scripted_cases():
-            out += await reference_rollouts(spec, [task], policy, tiny_tokenizer, max_length=MAX_LEN)
+            out += await reference_rollouts(spec, [task], policy, tiny_tokenizer, max_length=MAX_LEN,
+                                            canonical=request.param == "canonical")
         return out
 
     refs = asyncio.run(build())
     assert {r.reward for r in refs} == {0.0, 1.0} and max(r.num_turns for r in refs) > 2  # a meaningful mix
+    if request.param == "non-canonical":  # the case is really exercised
+        spans = [[i for i, m in zip(r.response_ids, r.response_mask) if m] for r in refs]
+        assert any(tiny_tokenizer.encode(tiny_tokenizer.decode(s), add_special_tokens=False) != s for s in spans)
     return refs
 
 

@@ -75,10 +75,11 @@ def load_batch(config, files, tokenizer):
     return batch
 
 
-@pytest.fixture(scope="module")
-def setup(ray_local, run_dir):
+@pytest.fixture(scope="module", params=["canonical", "non-canonical"])
+def setup(ray_local, run_dir, request):
     """References from envhub's own executor (with veRL's tokenizer), two replay replicas behind veRL's real load
-    balancer and client, and the real AgentLoopWorker."""
+    balancer and client, and the real AgentLoopWorker. ``non-canonical``: the model's text sampled as byte-level ids
+    (NonCanonicalScored), so a path that re-tokenizes what the model wrote cannot match the references."""
     import envhub
     from verl.experimental.agent_loop import AgentLoopWorker
     from verl.workers.rollout.llm_server import LLMServerClient
@@ -94,11 +95,15 @@ def setup(ray_local, run_dir):
             inst = json.loads(label["envhub"])
             spec = envhub.get_spec(inst["env_id"])
             task = next(r for r in spec.load_tasks(inst["split"]) if r["task_id"] == inst["task_id"])
-            out += await reference_rollouts(spec, [task], policy, tokenizer, max_length=PROMPT_LEN + RESPONSE_LEN)
+            out += await reference_rollouts(spec, [task], policy, tokenizer, max_length=PROMPT_LEN + RESPONSE_LEN,
+                                            canonical=request.param == "canonical")
         return out
 
     references = asyncio.run(refs())
     assert {r.reward for r in references} == {0.0, 1.0} and max(r.num_turns for r in references) > 2
+    if request.param == "non-canonical":  # the case is really exercised
+        spans = [[i for i, m in zip(r.response_ids, r.response_mask) if m] for r in references]
+        assert any(tokenizer.encode(tokenizer.decode(s), add_special_tokens=False) != s for s in spans)
     server_cls = ray.remote(ReplayServer)
     servers = {f"replica-{i}": server_cls.options(num_cpus=0).remote(references) for i in range(2)}
     client = LLMServerClient(config, load_balancer_handle=get_router_handle(servers))
