@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 from envhub import EnvSpec, Response, TextEnv
 from envhub.backends.base import Generation, LLMBackend
-from envhub.rollout.chat import ChatCodec
+from envhub.codec.chat import ChatCodec
 from envhub.rollout.executor import RolloutConfig, rollout
 from envhub.verifier import FunctionVerifier
 
@@ -63,7 +63,7 @@ THREADED = EnvSpec(id="bench-loop", env=Loop, tasks=lambda s: [{"task_id": "t"}]
 
 
 def load_tokenizer():
-    from envhub.models import load_tokenizer, resolve_model
+    from envhub.testing.models import load_tokenizer, resolve_model
 
     try:
         return load_tokenizer(resolve_model("smollm2")), "smollm2"

@@ -87,8 +87,8 @@ def latency(url: str, tokenizer_name: str, iters: int) -> dict:
     from envhub.backends.base import SamplingParams
     from envhub.backends.scripted import ScriptedBackend
     from envhub.gateway.core import tools_key  # noqa: F401 (same tool dicts as the server)
-    from envhub.models import load_tokenizer, resolve_model
-    from envhub.rollout.chat import ChatCodec
+    from envhub.testing.models import load_tokenizer, resolve_model
+    from envhub.codec.chat import ChatCodec
 
     client = httpx.Client(timeout=60)
     base = {"model": "m", "instructions": "You are Codex, a coding agent. " * 200, "tools": tools(), "store": False}
@@ -152,8 +152,8 @@ async def sustained(url: str | None, tokenizer_name: str, seconds: float, sessio
     """Calls/s of ``sessions`` concurrent 6-turn agent loops, over HTTP (``url``) or in-process (``None``)."""
     from envhub.backends.base import SamplingParams
     from envhub.backends.scripted import ScriptedBackend
-    from envhub.models import load_tokenizer, resolve_model
-    from envhub.rollout.chat import ChatCodec
+    from envhub.testing.models import load_tokenizer, resolve_model
+    from envhub.codec.chat import ChatCodec
 
     chat_tools = [{"type": "function", "function": {"name": "exec_command", "description": "run",
                                                     "parameters": {"type": "object",

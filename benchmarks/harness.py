@@ -119,7 +119,7 @@ def main() -> None:
     from envhub.gateway import Gateway
     from envhub.harness.episode import HarnessRunner
     from envhub.harness.presets import PRESETS, golden_commands, scripted
-    from envhub.models import load_tokenizer, resolve_model
+    from envhub.testing.models import load_tokenizer, resolve_model
     from envhub_swe_gym.repos import checkout
 
     spec = envhub.get_spec("swe-gym")

@@ -183,7 +183,7 @@ def main() -> None:
     pools = tuple(int(x) for x in args.pools.split(","))
     Stages.lat = {"init": args.init_ms / 1000, "run": args.run_ms / 1000, "turns": args.turns,
                   "eval": args.eval_ms / 1000, "jitter": args.jitter}
-    from envhub.models import build_tiny_model, load_tokenizer
+    from envhub.testing.models import build_tiny_model, load_tokenizer
     from envhub.plugins import default_hub
 
     tok = load_tokenizer(build_tiny_model(template="chatml"))

@@ -140,7 +140,7 @@ def main() -> None:
     ap.add_argument("--http-only", action="store_true", help="skip the in-process run (no ratio)")
     args = ap.parse_args()
     from envhub.fdlimit import raise_nofile_limit
-    from envhub.models import load_tokenizer, resolve_model
+    from envhub.testing.models import load_tokenizer, resolve_model
 
     soft, hard = raise_nofile_limit()
     # every in-flight /process holds one connection, i.e. one descriptor in the client and one in the server: past

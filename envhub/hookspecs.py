@@ -31,7 +31,7 @@ def envhub_register(registry: SpecRegistry) -> None:
 def envhub_tool_parsers() -> dict[str, Any]:
     """Return extra tool-call parsers, ``{name: parser}``; a parser turns decoded model text into an ``Action``.
 
-    Used by the executor to pick a parser per model family (see ``envhub.rollout.toolcall``).
+    Used by the executor to pick a parser per model family (see ``envhub.codec.toolcall``).
     """
 
 

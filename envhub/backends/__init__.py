@@ -32,7 +32,7 @@ def make_backend(spec: str, *, policy: Any = None, codec: Any = None, **kwargs: 
       text only (evaluation, not training; ``api_model=`` names the model to ask for).
     * ``"vllm:MODEL"``: :class:`~envhub.backends.vllm.VLLMBackend` (in-process engine; needs vllm installed).
     * anything else (``"tiny"``, ``"tiny-llama3"``, ``"smollm2"``, a local model directory):
-      :class:`~envhub.backends.hf.HFBackend`, the name resolved by :func:`envhub.models.resolve_model`.
+      :class:`~envhub.backends.hf.HFBackend`, the name resolved by :func:`envhub.testing.models.resolve_model`.
 
     ``kwargs`` go to the backend's constructor. This is the one factory: the CLI (``--model``), the gateway, the
     rollout service (``--backend``, ``POST /add_llm_server``) all build backends here.
@@ -74,6 +74,6 @@ def _is_url(s: str) -> bool:
 
 
 def _model_dir(name: str) -> str:
-    from envhub.models import resolve_model
+    from envhub.testing.models import resolve_model
 
     return str(resolve_model(name))

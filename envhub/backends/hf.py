@@ -57,7 +57,7 @@ class HFBackend(LLMBackend):
     """A transformers model behind the backend contract (see the module docstring).
 
     Args:
-        model_path: a Hugging Face model directory (``envhub.models.resolve_model`` turns ``"tiny"``/``"smollm2"``
+        model_path: a Hugging Face model directory (``envhub.testing.models.resolve_model`` turns ``"tiny"``/``"smollm2"``
             into one).
         dtype: ``"float32"`` (default: exact logprobs) or ``"bfloat16"`` (faster on CPU).
         device: a torch device string; ``"cpu"`` here.

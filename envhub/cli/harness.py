@@ -20,7 +20,7 @@ def _runner(spec: Any, preset: Any, model: str, tokenizer: str | None, commands:
         from envhub.backends.scripted import ScriptedBackend
         from envhub.cli.rollout import default_tokenizer
         from envhub.harness.presets import scripted
-        from envhub.models import load_tokenizer, resolve_model
+        from envhub.testing.models import load_tokenizer, resolve_model
 
         backend, tok = ScriptedBackend(scripted(preset, commands)), load_tokenizer(resolve_model(tokenizer or
                                                                                                   default_tokenizer()))

@@ -25,7 +25,7 @@ def load_backend(model: str, spec, tokenizer: str | None = None, api_model: str 
     anything else (``smollm2``, ``tiny``, a local path): transformers on CPU.
     """
     from envhub.backends import make_backend
-    from envhub.models import load_tokenizer, resolve_model
+    from envhub.testing.models import load_tokenizer, resolve_model
 
     if model == "golden":
         name = tokenizer or default_tokenizer()
@@ -275,7 +275,7 @@ def check_trajectory_cmd(path: str, tokenizer: str | None, limit: int | None) ->
     masks, logprobs and ids align, the prompt is the template's rendering, and every env span decodes to the
     template's rendering of the env's messages."""
     from envhub.cli.runs import TRAJECTORIES, is_run, read_meta
-    from envhub.models import resolve_model
+    from envhub.testing.models import resolve_model
     from envhub.rollout.fidelity import check_file
 
     target, recorded = Path(path), None

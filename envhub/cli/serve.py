@@ -60,7 +60,7 @@ def serve_cmd(host, port, init_workers, run_workers, eval_workers, backends, tok
     import secrets
 
     from envhub.cli.rollout import default_tokenizer
-    from envhub.models import load_tokenizer, resolve_model
+    from envhub.testing.models import load_tokenizer, resolve_model
     from envhub.service.server import is_loopback, serve
     from envhub.service.service import RolloutService
 

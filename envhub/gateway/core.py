@@ -2,7 +2,7 @@
 
 Dialects (:mod:`envhub.gateway.dialects`) turn a provider request into a :class:`ChatRequest`; :meth:`Gateway.complete`
 does the rest and returns a :class:`ChatResult` the dialect turns back into the provider's reply. The gateway owns
-rendering and tokenization with the model's real chat template (:class:`~envhub.rollout.chat.ChatCodec`), so every
+rendering and tokenization with the model's real chat template (:class:`~envhub.codec.chat.ChatCodec`), so every
 backend works behind it, scripted and transformers included.
 
 **Exact tokens by construction.** When a request extends an earlier call (:func:`envhub.gateway.matching.resolve`),
@@ -150,7 +150,7 @@ class Gateway:
 
     # ---- calls ------------------------------------------------------------------------------------------------
     def codec_for(self, tools: list[dict[str, Any]] | None, k: str | None = None) -> Any:
-        from envhub.rollout.chat import ChatCodec
+        from envhub.codec.chat import ChatCodec
 
         k = tools_key(tools) if k is None else k
         codec = self._codecs.get(k)
@@ -166,7 +166,7 @@ class Gateway:
 
     async def complete(self, session: Session, req: ChatRequest) -> ChatResult:
         """One model call: find the chain it extends, build its prompt ids, sample, parse, record."""
-        from envhub.rollout.chat import ChatTemplateError
+        from envhub.codec.chat import ChatTemplateError
 
         if session.ended:
             raise BadRequest(f"session {session.session_id} already ended", status=410)

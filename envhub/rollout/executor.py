@@ -38,7 +38,7 @@ class RolloutConfig:
     max_prompt_length: int | None = None  # a longer prompt is a marked failure (never a left-truncated chat)
     max_response_length: int | None = None  # response budget (model + env tokens), within max_length
     sampling: SamplingParams = field(default_factory=SamplingParams)
-    parser: str = "auto"  # tool-call parser (envhub.rollout.toolcall)
+    parser: str = "auto"  # tool-call parser (envhub.codec.toolcall)
     policy_version: int | str | None = None
     seed: int | None = None  # passed to env.reset
     env_kwargs: dict[str, Any] = field(default_factory=dict)
@@ -88,7 +88,7 @@ class Episode:
             messages, _ = await self.env.areset(seed=cfg.seed, options={"task": self.task})
             self.messages = list(messages)
             if self.codec is None:
-                from envhub.rollout.chat import ChatCodec
+                from envhub.codec.chat import ChatCodec
 
                 tools = [t.to_openai() for t in getattr(self.env, "tools", [])] or None
                 self.codec = ChatCodec.shared(self.tokenizer, tools=tools, parser=cfg.parser)

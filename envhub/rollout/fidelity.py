@@ -24,7 +24,7 @@ import math
 from pathlib import Path
 from typing import Any, Iterable
 
-from envhub.rollout.chat import ChatCodec, ChatTemplateError
+from envhub.codec.chat import ChatCodec, ChatTemplateError
 from envhub.rollout.trajectory import Trajectory
 
 MAX_SHOWN = 60  # chars of text shown around a mismatch
@@ -237,7 +237,7 @@ def check_file(path: str | Path, tokenizer: Any, *, tools: list[dict] | None = N
     ``tools`` or, per trajectory, from ``details["tools"]`` (see :func:`tools_of`).
     """
     if isinstance(tokenizer, (str, Path)):
-        from envhub.models import load_tokenizer
+        from envhub.testing.models import load_tokenizer
 
         tokenizer = load_tokenizer(tokenizer)
     codecs: dict[str, ChatCodec] = {}

@@ -237,7 +237,7 @@ class Pipeline:
         key = json.dumps([tools, parser], sort_keys=True, default=str)
         codec = self._codecs.get(key)
         if codec is None:
-            from envhub.rollout.chat import ChatCodec
+            from envhub.codec.chat import ChatCodec
 
             codec = ChatCodec(self.tokenizer, tools=tools, parser=parser)
             if len(self._codecs) > 256:

@@ -50,7 +50,7 @@ class _Replica:
 
         import ray
 
-        from envhub.models import load_tokenizer, resolve_model
+        from envhub.testing.models import load_tokenizer, resolve_model
         from envhub.plugins import default_hub
         from envhub.service.service import RolloutService
 

@@ -251,7 +251,7 @@ class RolloutService:
 
     @staticmethod
     def _check_parser(name: str) -> None:
-        from envhub.rollout.toolcall import get_parser
+        from envhub.codec.toolcall import get_parser
 
         try:
             get_parser(name)

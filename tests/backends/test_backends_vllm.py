@@ -47,7 +47,7 @@ def vllm_ready(request):
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    from envhub.models import build_tiny_model
+    from envhub.testing.models import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("vllm-models"), template="chatml", seed=0)
 
@@ -70,8 +70,8 @@ def hf_ref(model_dir):
 def prompts(model_dir):
     """A real chat prompt (ChatML with tools, rendered by the template) and a few raw id sequences."""
     from envhub.env import ToolSpec
-    from envhub.models import load_tokenizer
-    from envhub.rollout.chat import ChatCodec
+    from envhub.testing.models import load_tokenizer
+    from envhub.codec.chat import ChatCodec
 
     codec = ChatCodec(load_tokenizer(model_dir), tools=[ToolSpec("finish", "Finish.", {"type": "object"})])
     chat = codec.prompt_ids([{"role": "system", "content": "You are terse."},
@@ -221,7 +221,7 @@ async def test_the_gateway_over_real_vllm_keeps_its_ids_and_logprobs(server, hf_
     """The gateway in front of real vLLM: three chained chat calls; the merged chain holds exactly the ids vLLM
     sampled, with vLLM's logprobs, and vLLM was given exactly the trajectory's context before each call."""
     from envhub.gateway import ChatRequest, Gateway, build
-    from envhub.models import load_tokenizer
+    from envhub.testing.models import load_tokenizer
 
     served = []
 

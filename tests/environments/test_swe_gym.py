@@ -439,7 +439,7 @@ def test_golden_rollout_through_the_executor(spec, rows):
 
     from envhub.backends.base import SamplingParams
     from envhub.backends.scripted import ScriptedBackend
-    from envhub.models import build_tiny_model, load_tokenizer
+    from envhub.testing.models import build_tiny_model, load_tokenizer
     from envhub.rollout.executor import RolloutConfig, rollout
 
     tok = load_tokenizer(build_tiny_model(template="chatml"))

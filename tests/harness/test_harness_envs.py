@@ -59,7 +59,7 @@ def test_golden_solves_and_noop_fails_through_the_real_harness(name, swe_gym, sm
         assert t.reward == 1.0 and t.passed and t.finish_reason == "done", t.details["harness_exit"]
         assert t.num_turns == 2 and t.details["harness_exit"]["exit_code"] == 0
         assert invariant_problems_from(t, backend) == []  # against what the backend really got and returned
-        from envhub.rollout.chat import ChatCodec
+        from envhub.codec.chat import ChatCodec
 
         codec = ChatCodec.shared(smollm2_tokenizer, tools=json.loads(t.details["tools"]))
         assert t.check(codec, generations=[g for _, g in backend.calls]) == []

@@ -12,7 +12,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.smollm,
 
 @pytest.fixture(scope="module")
 def smol():
-    from envhub.models import load_tokenizer, smollm2_path
+    from envhub.testing.models import load_tokenizer, smollm2_path
 
     path = smollm2_path()  # cached under ~/.cache/envhub/models after the first conversion
     return path, load_tokenizer(path)
@@ -21,7 +21,7 @@ def smol():
 def test_converted_directory_and_tokenizer(smol):
     from tokenizers import Tokenizer
 
-    from envhub.models import resolve_model
+    from envhub.testing.models import resolve_model
 
     path, tok = smol
     assert resolve_model("smollm2") == path
@@ -35,7 +35,7 @@ def test_greedy_chat_through_the_codec(smol):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from envhub.rollout.chat import ChatCodec
+    from envhub.codec.chat import ChatCodec
 
     path, tok = smol
     codec = ChatCodec(tok)

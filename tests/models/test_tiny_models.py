@@ -1,4 +1,4 @@
-"""envhub.models: the tiny offline model (real BPE tokenizer + chat template + random Qwen2) and name resolution."""
+"""envhub.testing.models: the tiny offline model (real BPE tokenizer + chat template + random Qwen2) and name resolution."""
 from __future__ import annotations
 
 import json
@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from envhub import models
-from envhub.models import build_tiny_model, load_tokenizer, resolve_model
+from envhub.testing import models
+from envhub.testing.models import build_tiny_model, load_tokenizer, resolve_model
 
 
 @pytest.fixture(scope="module")
@@ -122,6 +122,6 @@ def test_smollm2_missing_package_says_how_to_install(monkeypatch, tmp_path):
 
 
 def test_import_is_light():
-    code = "import sys, envhub.models; print(any(m in sys.modules for m in ('torch', 'transformers', 'tokenizers')))"
+    code = "import sys, envhub.testing.models; print(any(m in sys.modules for m in ('torch', 'transformers', 'tokenizers')))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

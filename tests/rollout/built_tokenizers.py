@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
-from envhub.chat_templates import CHATML_TEMPLATE
-from envhub.rollout.pretok import LLAMA3, QWEN2
+from envhub.testing.chat_templates import CHATML_TEMPLATE
+from envhub.codec.pretok import LLAMA3, QWEN2
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
@@ -14,7 +14,7 @@ SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 def train(pre_tokenizer, *, normalizer=None, added=(), dropout=None, metaspace=False):
     from transformers import PreTrainedTokenizerFast
 
-    from envhub.models import _corpus
+    from envhub.testing.models import _corpus
 
     tok = Tokenizer(models.BPE(dropout=dropout, unk_token=None))
     if normalizer is not None:

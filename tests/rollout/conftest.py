@@ -15,7 +15,7 @@ from rollout_sim import TOOLS  # noqa: E402
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory):
     """``{"chatml": dir, "llama3": dir}``: tiny random Qwen2 models with real BPE tokenizers and chat templates."""
-    from envhub.models import build_tiny_model
+    from envhub.testing.models import build_tiny_model
 
     root = tmp_path_factory.mktemp("tiny-models")
     return {t: build_tiny_model(root, template=t) for t in ("chatml", "llama3")}
@@ -23,7 +23,7 @@ def tiny_models(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tiny_tokenizers(tiny_models):
-    from envhub.models import load_tokenizer
+    from envhub.testing.models import load_tokenizer
 
     return {t: load_tokenizer(p) for t, p in tiny_models.items()}
 
@@ -41,14 +41,14 @@ def tok(tiny_tokenizers, family):
 
 @pytest.fixture(scope="session")
 def codec(tok):
-    from envhub.rollout.chat import ChatCodec
+    from envhub.codec.chat import ChatCodec
 
     return ChatCodec(tok, tools=TOOLS)
 
 
 @pytest.fixture(scope="session")
 def text_codec(tok):
-    from envhub.rollout.chat import ChatCodec
+    from envhub.codec.chat import ChatCodec
 
     return ChatCodec(tok)
 

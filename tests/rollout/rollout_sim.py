@@ -11,7 +11,7 @@ from functools import lru_cache
 from typing import Any, Callable
 
 from envhub.backends.base import Generation
-from envhub.rollout.chat import ChatCodec, normalize_messages
+from envhub.codec.chat import ChatCodec, normalize_messages
 from envhub.rollout.trajectory import Trajectory
 
 TOOLS = [

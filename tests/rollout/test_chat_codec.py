@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from envhub.env import Action, ToolCall, ToolSpec
-from envhub.rollout.chat import ChatCodec, ChatTemplateError, normalize_messages
+from envhub.codec.chat import ChatCodec, ChatTemplateError, normalize_messages
 
 OPENING = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "List the files, then finish."}]
 
@@ -178,7 +178,7 @@ def test_windowed_delta_equals_full_rendering(codec, text_codec):
 
 
 def test_window_is_verified_and_dropped_when_it_disagrees(tiny_tokenizers):
-    from envhub.rollout.chat import window_safe
+    from envhub.codec.chat import window_safe
 
     codec = ChatCodec(tiny_tokenizers["chatml"], chat_template=NUMBERED)
     assert window_safe(NUMBERED) and codec.delta_window
@@ -197,7 +197,7 @@ def test_renders_tools_flag(tok, codec, text_codec):
 
 
 def test_frames_fill_env_replies_exactly_as_the_template_renders_them(tiny_tokenizers):
-    """The frame fast path (envhub.rollout.frames) on both real templates: verbatim (ChatML) and trimmed (Llama)."""
+    """The frame fast path (envhub.codec.frames) on both real templates: verbatim (ChatML) and trimmed (Llama)."""
     for name, tools in (("chatml", TOOLS), ("llama3", TOOLS), ("chatml", None)):
         codec = ChatCodec(tiny_tokenizers[name], tools=tools)
         history = [{"role": "user", "content": "start"}, {"role": "assistant", "content": "first"}]

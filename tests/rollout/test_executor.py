@@ -229,7 +229,7 @@ PLAIN_CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + 
 def test_tools_are_described_in_the_system_message_when_the_template_hides_them(tiny_model_path):
     """SmolLM2's template ignores `tools`: the executor then states them (in the parser's format) itself."""
     from envhub import FunctionTool, ToolEnv, ToolSpec, finish_tool
-    from envhub.models import load_tokenizer
+    from envhub.testing.models import load_tokenizer
     from envhub.policy import call, finish, script
 
     class Add(ToolEnv):

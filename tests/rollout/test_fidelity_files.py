@@ -12,7 +12,7 @@ from envhub.rollout.fidelity import check_file, iter_trajectories
 
 @pytest.fixture(scope="module")
 def trajs(tiny_tokenizers):
-    from envhub.rollout.chat import ChatCodec
+    from envhub.codec.chat import ChatCodec
 
     codec = ChatCodec(tiny_tokenizers["chatml"], tools=TOOLS)
     out = []

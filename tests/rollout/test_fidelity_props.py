@@ -123,7 +123,7 @@ def test_random_scripts_are_faithful(data, codec, tok, family):
 def test_canonical_golden_scripts_equal_one_shot_rendering(data, codec, tok, family):
     """With canonical ids that end on the end-of-turn token, the record is exactly the template's tokenization of
     the whole conversation (apply_chat_template), so delta tokenization adds and drops nothing."""
-    from envhub.rollout.chat import normalize_messages
+    from envhub.codec.chat import normalize_messages
 
     words = st.lists(st.sampled_from(["ls", "the", "answer", "é", "42", "x.py", "中文", "🙂"]), min_size=1, max_size=4).map(" ".join)
     opening = [{"role": "user", "content": data.draw(words)}]

@@ -1,4 +1,4 @@
-"""Split frame encoding (``envhub.rollout.frame_ids``): fixed special-token runs encoded once, only the text around
+"""Split frame encoding (``envhub.codec.frame_ids``): fixed special-token runs encoded once, only the text around
 each content per turn -- always the ids of the whole delta text, and refused where a token could straddle."""
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import re
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from envhub.rollout.chat import ChatCodec
-from envhub.rollout.frame_ids import FrameIds
+from envhub.codec.chat import ChatCodec
+from envhub.codec.frame_ids import FrameIds
 
 OPENING = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Go."}]
 CALL = {"id": "call_1_0", "type": "function", "function": {"name": "bash", "arguments": "{\"cmd\": \"ls\"}"}}

@@ -6,9 +6,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from envhub.env import Action, ToolCall
-from envhub.rollout import toolcall
-from envhub.rollout.toolcall import auto_parser_name, get_parser, register_parser
-from envhub.models import CHATML_TEMPLATE, LLAMA3_TEMPLATE
+from envhub.codec import toolcall
+from envhub.codec.toolcall import auto_parser_name, get_parser, register_parser
+from envhub.testing.models import CHATML_TEMPLATE, LLAMA3_TEMPLATE
 
 
 # ---- hermes ------------------------------------------------------------------------------------------------------

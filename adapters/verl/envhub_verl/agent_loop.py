@@ -94,7 +94,7 @@ class EnvhubAgentLoop(AgentLoopBase):
         """A failed episode with no prompt of its own (bad instance, unknown env) keeps the dataset's prompt,
         rendered as veRL would, so the row keeps its shape; nothing in it is trained on."""
         def render() -> list[int]:
-            from envhub.rollout.chat import ChatCodec
+            from envhub.codec.chat import ChatCodec
 
             try:
                 return ChatCodec(self.tokenizer).prompt_ids(list(raw_prompt or []))[-self.prompt_length:]

@@ -32,11 +32,11 @@ from pathlib import Path
 from typing import Any
 
 from envhub.env import Action, Message, ToolSpec
-from envhub.rollout.encoding import TextEncoder
-from envhub.rollout.frame_ids import FrameIds
-from envhub.rollout.frames import Frame, shape_of, window_safe  # noqa: F401 (window_safe re-exported)
-from envhub.rollout.messages import normalize_messages, tool_dicts
-from envhub.rollout.toolcall import ToolCallParser, auto_parser_name, get_parser, tool_prompt
+from envhub.codec.encoding import TextEncoder
+from envhub.codec.frame_ids import FrameIds
+from envhub.codec.frames import Frame, shape_of, window_safe  # noqa: F401 (window_safe re-exported)
+from envhub.codec.messages import normalize_messages, tool_dicts
+from envhub.codec.toolcall import ToolCallParser, auto_parser_name, get_parser, tool_prompt
 
 _PROBE = "\x00envhub-probe\x00"
 
@@ -76,7 +76,7 @@ class ChatCodec:
         self._compiled = self._compile(self.chat_template)
         # what apply_chat_template passes besides messages: the special tokens (bos_token...), then user kwargs
         self._render_kwargs = {**(getattr(tokenizer, "special_tokens_map", {}) or {}), **self.template_kwargs}
-        self.encoder = TextEncoder.shared(tokenizer)  # the fast, exact word path (envhub.rollout.encoding)
+        self.encoder = TextEncoder.shared(tokenizer)  # the fast, exact word path (envhub.codec.encoding)
         self._encode, self._decode = self.encoder.encode, self.encoder.decode
         self.end_of_turn, _ = self._probe_end_of_turn()
         self.end_of_turn_id = self._single_id(self.end_of_turn)
@@ -137,7 +137,7 @@ class ChatCodec:
         """Tokenize rendered text (special tokens in it are recognized; nothing is added around it).
 
         ``exact=True`` always runs the tokenizer's own pipeline instead of the fast word path
-        (``envhub.rollout.encoding``): the fidelity check uses it, so that it never grades the fast path by itself."""
+        (``envhub.codec.encoding``): the fidelity check uses it, so that it never grades the fast path by itself."""
         return self.encoder.rust_encode(text) if exact else self._encode(text)
 
     def decode(self, ids: list[int]) -> str:
@@ -251,7 +251,7 @@ class ChatCodec:
         return text
 
     def _framed(self, history: list[Message], new_messages: list[Message], sampled_eos: bool, gp: bool) -> str | None:
-        """The delta by filling a learned template frame (see ``envhub.rollout.frames``), or ``None``."""
+        """The delta by filling a learned template frame (see ``envhub.codec.frames``), or ``None``."""
         key = shape_of(history, new_messages, sampled_eos, gp)
         if key is None:
             return None
@@ -315,7 +315,7 @@ class ChatCodec:
         (``delta_window``), after checking on the first turns that this gives the same text as the full rendering;
         ``exact=True`` forces the full rendering and the tokenizer's own pipeline (the fidelity check uses it). Once
         a reply shape's frame is verified, its fixed special-token runs are encoded once and only the text around
-        the contents is encoded per turn (``envhub.rollout.frame_ids``).
+        the contents is encoded per turn (``envhub.codec.frame_ids``).
         """
         key = None
         if self.delta_window and not exact:

@@ -11,7 +11,7 @@ No model hub is reachable here, so envhub makes its own:
   bf16 Hugging Face directory once and caches it.
 
 ``resolve_model("tiny" | "tiny-llama3" | "smollm2" | PATH)`` is what the CLI and the backends call. torch and
-transformers are imported inside the functions: ``import envhub.models`` stays cheap.
+transformers are imported inside the functions: ``import envhub.testing.models`` stays cheap.
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from envhub.chat_templates import CHATML_TEMPLATE, LLAMA3_TEMPLATE, TEMPLATES  # noqa: F401 (re-exported)
+from envhub.testing.chat_templates import CHATML_TEMPLATE, LLAMA3_TEMPLATE, TEMPLATES  # noqa: F401 (re-exported)
 
 _QWEN2_SPLIT = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"""
                 r"""\s*[\r\n]+|\s+(?!\S)|\s+""")

@@ -10,7 +10,7 @@ use, this module gets the same ids in a fraction of that by following the pipeli
    Tokens that move the cut (``lstrip``/``rstrip`` eat neighbouring whitespace, ``single_word`` looks at neighbours)
    or tokenizers that do not split special tokens (``encode_special_tokens``) turn this path off.
 2. **Each piece is normalized, then split into words.** For an ASCII piece, with a normalizer that leaves ASCII
-   unchanged and a pre-tokenizer regex we can reproduce exactly (``envhub.rollout.pretok``), the words come from
+   unchanged and a pre-tokenizer regex we can reproduce exactly (``envhub.codec.pretok``), the words come from
    Python's ``re``. Added tokens marked ``normalized`` are matched inside the normalized piece, as the pipeline does.
    A non-ASCII piece is encoded by the Rust pipeline on its own (exact: pieces are independent, see 1).
 3. **Each word becomes ids on its own.** The BPE model sees one word at a time, so a word's ids are cached (keyed by
@@ -30,7 +30,7 @@ import re
 import weakref
 from typing import Any, Callable
 
-from envhub.rollout.pretok import ascii_identity_normalizer, ascii_splitter, byte_chars
+from envhub.codec.pretok import ascii_identity_normalizer, ascii_splitter, byte_chars
 
 CHECK_FIRST = 16
 CHECK_EVERY = 256

@@ -1,4 +1,4 @@
-"""Messages as chat templates expect them (the input side of ``envhub.rollout.chat.ChatCodec``)."""
+"""Messages as chat templates expect them (the input side of ``envhub.codec.chat.ChatCodec``)."""
 from __future__ import annotations
 
 import json

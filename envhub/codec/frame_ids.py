@@ -7,7 +7,7 @@ A ChatML reply frame is ``"\\n<|im_start|>user\\n" + content + "<|im_end|>\\n<|i
     └──── fixed, once ─────┘     └──── per turn: the mid ────┘     └────────────── fixed, once ──────────────┘
 
 Why that is the same as encoding the whole text: the tokenizer cuts the raw text at added tokens first (leftmost-
-longest) and encodes each piece between them on its own (``envhub.rollout.encoding``, step 1). Each mid runs from
+longest) and encodes each piece between them on its own (``envhub.codec.encoding``, step 1). Each mid runs from
 the last added token of the piece before a content to the first added token of the piece after it, so it is one
 such piece (or several, if the content holds added tokens, which encoding the mid finds the same way) *provided the
 cuts in the whole text fall where they fall in the parts*. They do unless an added token can occur across a
