@@ -229,7 +229,7 @@ def _env_args(text: str | None) -> dict[str, Any]:
 
 def _config(max_turns, max_length, sampling: dict[str, Any], env_kwargs: dict[str, Any]):
     from envhub.backends.base import SamplingParams
-    from envhub.rollout.executor import RolloutConfig
+    from envhub.rollout.request import RolloutConfig
 
     return RolloutConfig(max_turns=max_turns, max_length=max_length, sampling=SamplingParams(**sampling),
                          env_kwargs=env_kwargs)

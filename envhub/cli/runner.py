@@ -39,6 +39,10 @@ class Run:
         self.spec, self.backend, self.tokenizer, self.config = spec, backend, tokenizer, config
         self.samples, self.concurrency, self.timeout, self.writer = samples, concurrency, timeout, writer
         self.label, self.show_progress = label or spec.id, show_progress
+        from envhub.rollout.request import TaskIndex
+
+        self.split = split
+        self.index = TaskIndex(specs={spec.id: spec})  # the spec may come from a path: pinned, not looked up
         self.tasks = select(load_tasks(spec, split), n=n)
         done = writer.done if writer is not None else set()
         self.work = [(t, k) for t in self.tasks for k in range(samples) if (str(t["task_id"]), k) not in done]
@@ -48,14 +52,16 @@ class Run:
 
     # ---- one episode -------------------------------------------------------------------------------------------
     async def _one(self, task, k: int, sem: asyncio.Semaphore, on_done) -> None:
-        from envhub.rollout.executor import rollout
+        from envhub.rollout.executor import run_request
+        from envhub.rollout.request import Instance, RolloutRequest
         from envhub.rollout.trajectory import Trajectory
 
         async with sem:
             cfg = self.config
             if cfg.sampling.seed is not None:  # distinct, reproducible seeds per sample (as rollout_many)
                 cfg = replace(cfg, sampling=replace(cfg.sampling, seed=cfg.sampling.seed + k))
-            episode = rollout(self.spec, task, self.backend, self.tokenizer, cfg, timeout_s=self.timeout)
+            request = RolloutRequest(Instance(self.spec.id, task=task, split=self.split), cfg, timeout_s=self.timeout)
+            episode = run_request(request, self.backend, self.tokenizer, index=self.index)
             try:
                 if self.timeout is None:
                     traj = await episode

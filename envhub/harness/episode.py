@@ -165,7 +165,7 @@ class HarnessEpisode:
     def __init__(self, runner: HarnessRunner, spec: Any, preset: Preset, task: dict, *, timeout_s: float = 600.0,
                  max_calls: int = 60, env_kwargs: dict | None = None, config: Any = None, env: Any = None,
                  session_backend: Any = None):
-        from envhub.rollout.executor import RolloutConfig
+        from envhub.rollout.request import RolloutConfig
 
         self.runner, self.spec, self.preset, self.task = runner, spec, preset, dict(task)
         self.timeout_s, self.max_calls, self.session_backend = timeout_s, max_calls, session_backend

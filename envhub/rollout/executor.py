@@ -19,29 +19,17 @@ import json
 import logging
 import time
 import uuid
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
-from envhub.backends.base import LLMBackend, SamplingParams
+from envhub.backends.base import LLMBackend
 from envhub.env import Message, Task, TextEnv
+from envhub.rollout.request import RolloutConfig, RolloutRequest, TaskIndex
 from envhub.rollout.trajectory import Trajectory
 from envhub.spec import EnvSpec
 from envhub.verifier import averify
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class RolloutConfig:
-    max_turns: int | None = None  # None: the spec's max_turns
-    max_length: int = 4096  # prompt + response token budget
-    max_prompt_length: int | None = None  # a longer prompt is a marked failure (never a left-truncated chat)
-    max_response_length: int | None = None  # response budget (model + env tokens), within max_length
-    sampling: SamplingParams = field(default_factory=SamplingParams)
-    parser: str = "auto"  # tool-call parser (envhub.codec.toolcall)
-    policy_version: int | str | None = None
-    seed: int | None = None  # passed to env.reset
-    env_kwargs: dict[str, Any] = field(default_factory=dict)
 
 
 class PromptTooLong(ValueError):
@@ -287,6 +275,21 @@ async def rollout(spec: EnvSpec, task: Task, backend: LLMBackend, tokenizer: Any
         await ep.close()
     return ep.trajectory()
 
+
+
+async def run_request(request: RolloutRequest, backend: LLMBackend, tokenizer: Any, *, index: TaskIndex | None = None,
+                      session_id: str | None = None) -> Trajectory:
+    """:func:`rollout` of a :class:`~envhub.rollout.request.RolloutRequest`: its instance resolved by ``index``
+    (the one rule every entry point uses; in a worker thread, as loading a task set imports and reads files), its
+    config and time limit applied. Never raises except on cancellation: an instance that does not resolve is a
+    marked failure too."""
+    inst = request.instance
+    try:
+        spec, task = await asyncio.to_thread((index or TaskIndex()).resolve, inst)
+    except Exception as e:  # unknown env, unknown task, a plugin that fails to load: marked, not raised
+        return Trajectory.failed(inst.env_id, inst.label, "error", f"{type(e).__name__}: {e}")
+    return await rollout(spec, task, backend, tokenizer, request.config, session_id=session_id,
+                         timeout_s=request.timeout_s)
 
 async def rollout_many(spec: EnvSpec, tasks: list[Task], backend: LLMBackend, tokenizer: Any,
                        config: RolloutConfig | None = None, *, samples: int = 1, concurrency: int = 8,

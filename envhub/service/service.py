@@ -23,8 +23,8 @@ from typing import Any
 from envhub.service.jobs import Job, PhaseTimer, ResultCache, encode_result
 from envhub.service.pipeline import Pipeline
 from envhub.service.sandboxes import SandboxProvider
-from envhub.service.schemas import (ProcessRequest, ServiceError, env_id_of, fingerprint, inline_task,
-                                    rollout_config, task_ref)
+from envhub.rollout.request import RequestError, RolloutRequest, TaskIndex, TaskNotFound
+from envhub.service.schemas import ProcessRequest, ServiceError, fingerprint
 
 
 class RolloutService:
@@ -64,8 +64,7 @@ class RolloutService:
         self._inflight: dict[str, tuple[str, asyncio.Future]] = {}  # job id -> (fingerprint, answer)
         self._cancel_pending: set[str] = set()
         self._cancelled: set[str] = set()  # ids cancelled while in flight: a retry with the id runs a new job
-        self._specs: dict[str, Any] = {}
-        self._tasks: dict[tuple[str, str], dict[str, dict]] = {}
+        self._index: TaskIndex | None = None  # specs and task sets, loaded on first use
         self._load_lock: asyncio.Lock | None = None
         self._harness_runner: Any = None  # the gateway, on a Unix socket, for harness jobs (started on first use)
 
@@ -150,21 +149,21 @@ class RolloutService:
         from envhub.rollout.executor import Episode
 
         try:
-            spec, task = await self._resolve(req.instance)
-            config, timeout, ignored = rollout_config(req.sampling_params, default_timeout=self.timeout_s,
-                                                      request_timeout=req.timeout)
+            try:
+                request, ignored = RolloutRequest.from_wire(req.instance, req.sampling_params, timeout_s=req.timeout)
+            except RequestError as e:
+                raise ServiceError(422, str(e)) from None
+            spec, task = await self._resolve(request)
+            config, timeout = request.config, request.timeout_s or self.timeout_s
             if config.parser != "auto":
                 self._check_parser(config.parser)
         except ServiceError:
             self.counts["rejected"] += 1
             self._cancel_pending.discard(job_id)
             raise
-        seed = req.instance.get("seed")
-        if isinstance(seed, int) and not isinstance(seed, bool):
-            config.seed = seed
         loop = asyncio.get_running_loop()
-        if req.instance.get("harness") is not None:
-            episode = await self._harness_episode(req.instance["harness"], spec, task, config, timeout)
+        if request.instance.harness is not None:
+            episode = await self._harness_episode(request.instance.harness, spec, task, config, timeout)
         else:
             episode = Episode(spec, task, self.pool, self.tokenizer, config, session_id=job_id)
         job = Job(job_id, spec, task, dict(req.instance), episode, PhaseTimer(timeout), loop.create_future(),
@@ -210,37 +209,20 @@ class RolloutService:
             return
         self.cache.put(job.id, job.fingerprint, job.body)
 
-    async def _resolve(self, instance: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
-        """``(spec, task row)`` named by an instance (see ``envhub.service.schemas``)."""
-        from envhub.plugins import PluginError, default_hub
+    async def _resolve(self, request: RolloutRequest) -> tuple[Any, dict[str, Any]]:
+        """``(spec, task row)`` of the request's instance, by :class:`~envhub.rollout.request.TaskIndex` (the rule the
+        in-process adapters use too): an unknown env is a 400 (as ProRL answers an unknown ``data_source``), an
+        unknown task or split a 404."""
+        from envhub.plugins import PluginError
 
-        env_id = env_id_of(instance)
-        spec = self._specs.get(env_id)
-        if spec is None:
-            hub = self.hub or default_hub()
-            try:
-                spec = hub.specs.get(env_id) or await self._loaded(lambda: hub.get(env_id))
-            except (KeyError, PluginError) as e:
-                # 400 as ProRL's server answers an unknown data_source (an unknown task id stays 404: ProRL has none)
-                raise ServiceError(400, str(e.args[0]) if isinstance(e, KeyError) else str(e)) from None
-            self._specs[env_id] = spec
-        task = inline_task(instance)
-        if task is None:
-            task_id, split = task_ref(instance)
-            split = split or spec.default_split
-            index = self._tasks.get((env_id, split))
-            if index is None:
-                try:
-                    index = await self._loaded(lambda: {str(r["task_id"]): dict(r) for r in spec.load_tasks(split)})
-                except Exception as e:
-                    raise ServiceError(404, f"env {env_id!r} has no task split {split!r}: "
-                                            f"{type(e).__name__}: {e}") from None
-                self._tasks[(env_id, split)] = index
-            task = index.get(task_id)
-            if task is None:
-                raise ServiceError(404, f"env {env_id!r} has no task {task_id!r} in split {split!r} "
-                                        f"({len(index)} tasks; e.g. {', '.join(list(index)[:3])})")
-        return spec, task
+        if self._index is None:
+            self._index = TaskIndex(self.hub)
+        try:
+            return await self._loaded(lambda: self._index.resolve(request.instance))
+        except TaskNotFound as e:
+            raise ServiceError(404, str(e)) from None
+        except (KeyError, PluginError) as e:
+            raise ServiceError(400, str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e)) from None
 
     async def _loaded(self, load: Any) -> Any:
         """Run a blocking load (a plugin import, a task file) in a thread, one at a time."""

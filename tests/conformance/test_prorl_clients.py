@@ -162,14 +162,12 @@ async def test_sampling_caps_are_honoured_and_a_cut_reaches_the_batch_as_truncat
 def test_without_max_tokens_a_call_may_use_the_rest_of_max_model_len():
     """Not envhub's default 512: with only ``max_model_len`` (ProRL's token-level client), a call's cap is the
     rest of the context; an explicit ``max_tokens`` still wins; unknown keys are dropped, vLLM knobs kept."""
-    from envhub.service.schemas import rollout_config
+    from envhub.rollout.request import config_from_wire
 
-    cfg, _, ignored = rollout_config({"max_model_len": 3000, "repetition_penalty": 1.1, "strict_loop_detector": 1},
-                                     default_timeout=None, request_timeout=None)
+    cfg, _, ignored = config_from_wire({"max_model_len": 3000, "repetition_penalty": 1.1, "strict_loop_detector": 1})
     assert cfg.max_length == 3000 and cfg.sampling.max_tokens == 3000 and ignored == ["strict_loop_detector"]
     assert cfg.sampling.extra == {"repetition_penalty": 1.1}
-    cfg, _, _ = rollout_config({"max_model_len": 3000, "max_output_tokens": 700, "max_tokens": 9},
-                               default_timeout=None, request_timeout=None)
+    cfg, _, _ = config_from_wire({"max_model_len": 3000, "max_output_tokens": 700, "max_tokens": 9})
     assert cfg.sampling.max_tokens == 9 and cfg.max_response_length is None
 
 

@@ -6,7 +6,7 @@ import time
 import pytest
 
 from envhub.service.jobs import PhaseTimer, ResultCache
-from envhub.service.schemas import ServiceError, env_id_of, inline_task, rollout_config, split_params, task_ref
+from envhub.rollout.request import Instance, RequestError, config_from_wire, split_params
 
 
 def test_phase_timer_counts_only_stages():
@@ -37,15 +37,19 @@ def test_result_cache_is_bounded_by_count_bytes_and_age():
 
 
 def test_instances_name_env_and_task():
-    assert env_id_of({"env_id": "x"}) == "x" and env_id_of({"data_source": "y"}) == "y"
-    with pytest.raises(ServiceError, match="env_id"):
-        env_id_of({"task_id": "t"})
-    assert inline_task({"task": {"task_id": 3, "a": 1}}) == {"task_id": "3", "a": 1}
-    assert inline_task({"task": {"a": 1}, "instance_id": "i-1"})["task_id"] == "i-1"
-    assert inline_task({"task": {"a": 1}})["task_id"].startswith("inline-")
-    assert task_ref({"instance_id": 7}) == ("7", None) and task_ref({"task_id": "t", "split": "dev"}) == ("t", "dev")
-    with pytest.raises(ServiceError, match="task"):
-        task_ref({"env_id": "x"})
+    assert Instance.from_dict({"env_id": "x", "task_id": "t"}).env_id == "x"
+    assert Instance.from_dict({"data_source": "y", "instance_id": 7}) == Instance("y", task_id="7")
+    with pytest.raises(RequestError, match="env_id"):
+        Instance.from_dict({"task_id": "t"})
+    assert Instance.from_dict({"env_id": "e", "task": {"task_id": 3, "a": 1}}).task == {"task_id": "3", "a": 1}
+    assert Instance.from_dict({"env_id": "e", "task": {"a": 1}, "instance_id": "i-1"}).task["task_id"] == "i-1"
+    assert Instance.from_dict({"env_id": "e", "task": {"a": 1}}).task["task_id"].startswith("inline-")
+    assert Instance.from_dict({"env_id": "e", "task_id": "t", "split": "dev"}).split == "dev"
+    for bad, key in (({"env_id": "x"}, "task"), ({"env_id": "x", "task_id": "t", "split": 3}, "split"),
+                     ({"env_id": "x", "task": [1]}, "task"),
+                     ({"env_id": "x", "task_id": "t", "harness": 1}, "harness"), ([1], "JSON object")):
+        with pytest.raises(RequestError, match=key):
+            Instance.from_dict(bad)
 
 
 def test_sampling_params_split_like_prorl():
@@ -53,13 +57,12 @@ def test_sampling_params_split_like_prorl():
                                              "api_key": "k", "repetition_penalty": 1.1, "timeout": 9})
     assert sampling == {"temperature": 0.6, "repetition_penalty": 1.1}
     assert agent == {"max_turns": 5, "timeout": 9} and ignored == ["api_key", "model"]
-    cfg, timeout, _ = rollout_config({"max_new_tokens": 7, "stop": "</a>", "max_turns": 2.0, "policy_version": 3},
-                                     default_timeout=300, request_timeout=None)
+    cfg, timeout, _ = config_from_wire({"max_new_tokens": 7, "stop": "</a>", "max_turns": 2.0, "policy_version": 3})
     assert cfg.sampling.max_tokens == 7 and cfg.sampling.stop == ["</a>"] and cfg.max_turns == 2
-    assert cfg.policy_version == 3 and timeout == 300
-    assert rollout_config({"timeout": 5}, default_timeout=300, request_timeout=2)[1] == 2
+    assert cfg.policy_version == 3 and timeout is None
+    assert config_from_wire({"timeout": 5})[1] == 5
     for bad in ({"max_tokens": 1.5}, {"temperature": -1}, {"top_k": -2}, {"seed": True}, {"stop_token_ids": ["a"]},
-                {"max_length": 0}, {"timeout": float("inf")}):
-        with pytest.raises(ServiceError) as e:
-            rollout_config(bad, default_timeout=None, request_timeout=None)
-        assert e.value.status == 422 and next(iter(bad)) in e.value.message
+                {"max_length": 0}, {"timeout": float("inf")}, {"max_response_length": 0}, {"policy_version": [1]}):
+        with pytest.raises(RequestError) as e:
+            config_from_wire(bad)
+        assert next(iter(bad)) in str(e.value)

@@ -10,28 +10,26 @@ import pytest
 
 from envhub.backends.base import SamplingParams
 from envhub.backends.scripted import ScriptedBackend
+from envhub.rollout.request import Instance, RolloutRequest
 from envhub.rollout.trajectory import Trajectory
-from envhub.training.source import (
-    AdapterOptions, EpisodeRunner, InstanceError, enforce_caps, parse_instance, service_params,
-)
+from envhub.training.source import AdapterOptions, EpisodeRunner, InstanceError, check_caps, parse_instance
 
 
 def test_instance_shapes():
     opts = AdapterOptions(env_id="countdown", split="train")
-    assert parse_instance('{"env_id": "guess-number", "task_id": "g1"}', opts) == {
-        "env_id": "guess-number", "task_id": "g1", "split": "train"}
-    assert parse_instance("countdown-1-0007", opts) == {"task_id": "countdown-1-0007", "env_id": "countdown",
-                                                        "split": "train"}
+    assert parse_instance('{"env_id": "guess-number", "task_id": "g1"}', opts) == Instance(
+        "guess-number", task_id="g1", split="train")
+    assert parse_instance("countdown-1-0007", opts) == Instance("countdown", task_id="countdown-1-0007", split="train")
     row = {"task_id": "x", "numbers": [1, 2], "target": 3}
-    assert parse_instance({"task": row}, opts)["task"] == row
-    assert parse_instance(b'{"env_id": "e", "task_id": "t", "split": "test"}')["split"] == "test"
+    assert parse_instance({"task": row}, opts).task == row
+    assert parse_instance(b'{"env_id": "e", "task_id": "t", "split": "test"}').split == "test"
 
 
 @pytest.mark.parametrize("label, match", [
     ("{not json", "not valid JSON"),
     ("task-7", "needs a configured env_id"),
-    ('{"task_id": "t"}', "names no env_id"),
-    ('{"env_id": "countdown"}', "neither 'task' nor 'task_id'"),
+    ('{"task_id": "t"}', "must name its env"),
+    ('{"env_id": "countdown"}', "must give the task"),
     ('{"env_id": "countdown", "task": [1, 2]}', "must be a task row"),
     ("[1, 2]", "not an instance"),
     (42, "must be a JSON object"),
@@ -51,22 +49,31 @@ def test_options_from_config_and_environment():
         AdapterOptions.resolve({"timeout_s": "soon"}, environ={})
 
 
-def test_service_params_carry_the_agent_keys():
-    p = service_params(SamplingParams(max_tokens=64, temperature=0.7, seed=3, stop=["</answer>"]), 4096, 512, 1024,
-                       AdapterOptions(max_turns=4, timeout_s=30.0), policy_version=7)
-    assert p == {"max_tokens": 64, "temperature": 0.7, "top_p": 1.0, "top_k": -1, "seed": 3, "stop": ["</answer>"],
-                 "max_length": 1536, "max_turns": 4, "timeout": 30.0, "policy_version": 7}
+def test_the_request_carries_the_agent_keys_and_the_caps():
+    """What an adapter sends the service: sampling, agent keys and both length caps (so the service enforces them
+    before spending tokens), read back by the service into the same config."""
+    runner = EpisodeRunner(AdapterOptions(env_id="countdown", max_turns=4, timeout_s=30.0), tokenizer=None)
+    req = runner.request("countdown-1-0007", SamplingParams(max_tokens=64, temperature=0.7, seed=3, stop=["</answer>"]),
+                         max_length=4096, max_prompt_length=512, max_response_length=1024, policy_version=7)
+    wire = req.to_wire()
+    assert wire["instance"] == {"env_id": "countdown", "task_id": "countdown-1-0007"}
+    assert wire["sampling_params"] == {"max_tokens": 64, "temperature": 0.7, "top_p": 1.0, "top_k": -1, "seed": 3,
+                                       "stop": ["</answer>"], "max_length": 1536, "max_turns": 4, "timeout": 30.0,
+                                       "max_input_tokens": 512, "max_response_length": 1024, "policy_version": 7}
+    back, ignored = RolloutRequest.from_wire(wire["instance"], wire["sampling_params"])
+    assert back == req and ignored == []
 
 
-def test_enforce_caps():
+def test_check_caps_marks_what_a_service_let_through():
     t = Trajectory(env_id="e", task_id="t", prompt_ids=[1, 2, 3], response_ids=[4, 5, 6, 7],
                    response_mask=[1, 1, 0, 1], response_logprobs=[-1.0, -2.0, 0.0, -3.0], reward=1.0, passed=True)
-    cut = enforce_caps(t, 8, 2)
-    assert cut.response_ids == [4, 5] and cut.truncated and cut.finish_reason == "length" and cut.reward == 1.0
-    long_prompt = enforce_caps(t, 2, 8)
+    over = check_caps(t, 8, 2)
+    assert over.finish_reason == "error" and over.response_ids == [] and over.reward == 0.0 and not over.passed
+    assert "response of 4 tokens > max_response_length 2" in over.error and "older envhub" in over.error
+    long_prompt = check_caps(t, 2, 8)
     assert long_prompt.finish_reason == "error" and long_prompt.response_ids == [] and long_prompt.reward == 0.0
-    assert "exceeds the trainer's prompt length 2" in long_prompt.error
-    assert enforce_caps(t, None, None) is t
+    assert "prompt of 3 tokens > max_prompt_length 2" in long_prompt.error
+    assert check_caps(t, None, None) is t and check_caps(t, 3, 4) is t
 
 
 @pytest.fixture(scope="module")
@@ -134,10 +141,10 @@ def test_runner_timeout_is_marked(tiny_tokenizer):
     spec = EnvSpec(id="stuck-source-test", env=Stuck, tasks=lambda s: [], verifier=lambda t, a: True,
                    golden=lambda t, m: "ok")
     from envhub.plugins import Hub
-    from envhub.training.source import TaskResolver
+    from envhub.rollout.request import TaskIndex
 
     hub = Hub(entry_points=[])
     hub.register(spec)
-    runner = EpisodeRunner(AdapterOptions(timeout_s=0.3), tiny_tokenizer, resolver=TaskResolver(hub))
+    runner = EpisodeRunner(AdapterOptions(timeout_s=0.3), tiny_tokenizer, index=TaskIndex(hub))
     t = run(runner, {"env_id": spec.id, "task": {"task_id": "s"}}, spec.golden)
     assert t.finish_reason == "timeout" and t.reward == 0.0 and t.task_id == "s"

@@ -36,7 +36,8 @@ from openrlhf.utils.agent import AgentExecutorBase
 from envhub.backends.base import SamplingParams
 from envhub.backends.chat import require_trainable
 from envhub.rollout.trajectory import Trajectory
-from envhub.training.source import AdapterOptions, EpisodeRunner, TaskResolver
+from envhub.rollout.request import TaskIndex
+from envhub.training.source import AdapterOptions, EpisodeRunner
 from envhub_openrlhf.backend import OpenRLHFEngineBackend
 
 EXTRA_LOG_KEYS = ("envhub_passed", "envhub_error", "envhub_num_turns", "envhub_gen_s", "envhub_env_s",
@@ -58,14 +59,14 @@ class EnvhubAgentExecutor(AgentExecutorBase):
 
     def __init__(self):
         self.adapter_options = AdapterOptions.resolve(self.options)
-        self._resolver = TaskResolver()
+        self._index = TaskIndex()
         self._runners: dict[int, EpisodeRunner] = {}
 
     def runner(self, hf_tokenizer: Any) -> EpisodeRunner:
         """One runner per tokenizer object (OpenRLHF passes the same one every call)."""
         key = id(hf_tokenizer)
         if key not in self._runners:
-            self._runners[key] = EpisodeRunner(self.adapter_options, hf_tokenizer, resolver=self._resolver)
+            self._runners[key] = EpisodeRunner(self.adapter_options, hf_tokenizer, index=self._index)
         return self._runners[key]
 
     async def aclose(self) -> None:

@@ -31,17 +31,18 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutp
 from envhub.backends.base import SamplingParams
 from envhub.backends.chat import require_trainable
 from envhub.rollout.trajectory import Trajectory
-from envhub.training.source import AdapterOptions, EpisodeRunner, TaskResolver
+from envhub.rollout.request import TaskIndex
+from envhub.training.source import AdapterOptions, EpisodeRunner
 from envhub_verl.backend import VerlServerBackend
 
-_RESOLVER = TaskResolver()
+_INDEX = TaskIndex()
 _RUNNERS: dict[tuple, EpisodeRunner] = {}  # veRL builds one agent loop per sample: runners (and caches) persist
 
 
 def _runner(options: AdapterOptions, tokenizer: Any) -> EpisodeRunner:
     key = (json.dumps(options.to_dict(), sort_keys=True), id(tokenizer))
     if key not in _RUNNERS:
-        _RUNNERS[key] = EpisodeRunner(options, tokenizer, resolver=_RESOLVER)
+        _RUNNERS[key] = EpisodeRunner(options, tokenizer, index=_INDEX)
     return _RUNNERS[key]
 
 
