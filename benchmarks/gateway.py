@@ -219,7 +219,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--tokenizer", default=None, help="default: smollm2 when installed, else tiny")
     args = ap.parse_args()
-    from envhub.cli.rollout import default_tokenizer
+    from envhub.cli.common import default_tokenizer
 
     tok = args.tokenizer or default_tokenizer()
     proc, url = start_gateway(tok)

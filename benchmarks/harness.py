@@ -115,7 +115,7 @@ def main() -> None:
 
     import envhub
     from envhub.backends.scripted import ScriptedBackend
-    from envhub.cli.rollout import default_tokenizer
+    from envhub.cli.common import default_tokenizer
     from envhub.gateway import Gateway
     from envhub.harness.episode import HarnessRunner
     from envhub.harness.presets import PRESETS, golden_commands, scripted

@@ -39,7 +39,8 @@ SMOLLM_TASKS = {"countdown": 2, "guess-number": 2, "math-python": 3}
 def demo_cmd(out: str, model: str, skip_model: bool) -> None:
     """Admission + golden rollouts of every shipped env, then a real small model on a few tasks."""
     from envhub.admission import admit
-    from envhub.cli.rollout import run_rollouts, save_trajectories
+    from envhub.cli.common import save_trajectories
+    from envhub.cli.rollout import run_rollouts
     from envhub.plugins import default_hub
 
     quiet_progress_bars()

@@ -44,7 +44,7 @@ def gateway_cmd(model, tokenizer, policy, host, port, token, served_name, max_mo
     Start a session (POST /rl/start_session or /sessions), give the agent the session key as its API key and
     http://HOST:PORT/v1 as its base URL, then fetch trajectories (POST /sessions/ID/trajectories, or AReaL's
     /export_trajectories). See docs/gateway.md."""
-    from envhub.cli.rollout import load_backend
+    from envhub.cli.common import load_backend
     from envhub.gateway import Gateway
     from envhub.gateway.server import serve
 

@@ -18,14 +18,14 @@ def _runner(spec: Any, preset: Any, model: str, tokenizer: str | None, commands:
 
     if model == "golden":
         from envhub.backends.scripted import ScriptedBackend
-        from envhub.cli.rollout import default_tokenizer
+        from envhub.cli.common import default_tokenizer
         from envhub.harness.presets import scripted
         from envhub.testing.models import load_tokenizer, resolve_model
 
         backend, tok = ScriptedBackend(scripted(preset, commands)), load_tokenizer(resolve_model(tokenizer or
                                                                                                   default_tokenizer()))
     else:
-        from envhub.cli.rollout import load_backend
+        from envhub.cli.common import load_backend
 
         backend, tok, _ = load_backend(model, spec, tokenizer)
     return HarnessRunner(Gateway(backend, tok, default_max_tokens=max_tokens))
@@ -78,7 +78,7 @@ def rollout(spec: Any, harness: str, model: str, tokenizer: str | None, n: int, 
                   f"({sum(t.details.get('chain_role') == 'main' for t in trajs)} main chains) in "
                   f"{time.perf_counter() - t0:.1f} s")
     if out:
-        from envhub.cli.rollout import save_trajectories
+        from envhub.cli.common import save_trajectories
 
         console.print(f"saved to {save_trajectories(trajs, out)}")
     failed = [t for t in trajs if t.finish_reason == "error"]

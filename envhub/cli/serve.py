@@ -59,7 +59,7 @@ def serve_cmd(host, port, init_workers, run_workers, eval_workers, backends, tok
     """Serve rollouts over HTTP (the ProRL Agent API): POST /process, /cancel, /add_llm_server, /status..."""
     import secrets
 
-    from envhub.cli.rollout import default_tokenizer
+    from envhub.cli.common import default_tokenizer
     from envhub.testing.models import load_tokenizer, resolve_model
     from envhub.service.server import is_loopback, serve
     from envhub.service.service import RolloutService

@@ -77,6 +77,13 @@ def tools_of(traj: Trajectory) -> list[dict] | None:
     return json.loads(t) if isinstance(t, str) else t
 
 
+def assert_faithful(traj: Trajectory | dict[str, Any], tokenizer_or_codec: Any, **kwargs: Any) -> None:
+    """:func:`check_trajectory`, raising :class:`FidelityError` (with every problem) when there is any."""
+    problems = check_trajectory(traj, tokenizer_or_codec, **kwargs)
+    if problems:
+        raise FidelityError(problems)
+
+
 def check_trajectory(traj: Trajectory | dict[str, Any], tokenizer_or_codec: Any, *, generations: list[Any] | None = None,
                      tools: list[dict] | None = None, strict: bool = True) -> list[str]:
     """Problems that make ``traj`` unfaithful (empty list: it is faithful). See the module docstring.

@@ -53,19 +53,6 @@ class Trajectory:
             ranges.append((start, len(self.response_mask)))
         return ranges
 
-    def check(self, tokenizer_or_codec: Any, *, generations: list[Any] | None = None, tools: list[dict] | None = None,
-              strict: bool = True, raise_on_problem: bool = False) -> list[str]:
-        """The token-fidelity check (``envhub.rollout.fidelity.check_trajectory``): problems, empty if faithful.
-
-        With ``raise_on_problem=True`` a non-empty result raises ``FidelityError`` instead.
-        """
-        from envhub.rollout.fidelity import FidelityError, check_trajectory
-
-        problems = check_trajectory(self, tokenizer_or_codec, generations=generations, tools=tools, strict=strict)
-        if problems and raise_on_problem:
-            raise FidelityError(problems)
-        return problems
-
     @property
     def ok(self) -> bool:
         return self.finish_reason not in ("error", "cancelled", "timeout")

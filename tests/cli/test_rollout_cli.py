@@ -6,7 +6,8 @@ import pytest
 
 import envhub
 from envhub.backends.scripted import ScriptedBackend
-from envhub.cli.rollout import load_trajectories, save_trajectories
+from envhub.cli.common import save_trajectories
+from envhub.cli.rollout import load_trajectories
 from envhub.rollout.executor import rollout_many
 from envhub.task import select
 from helpers import run_cli

@@ -23,6 +23,8 @@ from prorl_clients import (batched_data_dict_to_messages, calculate_metrics, dap
                            nemo_rl_sampling_params, request_from_prorl_server, results_to_batched_data_dict,
                            send_single_message, verl_convert)
 
+from envhub.rollout.fidelity import check_trajectory
+
 ENVS = ["countdown", "guess-number", "math-python"]  # text, multi-turn, tool (sandboxed python)
 
 
@@ -118,7 +120,7 @@ async def test_envhub_client_gets_back_the_untrimmed_faithful_trajectory(prorl_s
         traj = await c.process({"env_id": "guess-number", "task_id": "guess-2-0001"})
     assert raw["messages"][-1]["role"] == "assistant" and raw["trailing_messages"]
     assert traj.messages[-1]["role"] == "user" and not any("token_ids" in m for m in traj.messages)
-    assert traj.check(tiny_tokenizer) == []
+    assert check_trajectory(traj, tiny_tokenizer) == []
 
 
 async def test_sampling_caps_are_honoured_and_a_cut_reaches_the_batch_as_truncated(prorl_server, tiny_tokenizer):
@@ -286,4 +288,4 @@ async def test_a_saved_raw_reply_loads_as_the_faithful_trajectory(prorl_server, 
         raw = (await c.post("/process", json={"instance": {"env_id": "math-python", "task_id": "math-2-0000"}})).json()
     traj = Trajectory.from_dict(json.loads(json.dumps(raw)))
     assert raw["trailing_messages"] and traj.messages[-len(raw["trailing_messages"]):] == raw["trailing_messages"]
-    assert traj.check(tiny_tokenizer, tools=json.loads(traj.details["tools"])) == []
+    assert check_trajectory(traj, tiny_tokenizer, tools=json.loads(traj.details["tools"])) == []

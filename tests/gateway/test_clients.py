@@ -11,6 +11,7 @@ from gw_helpers import TOOLS, NonCanonicalScripted, Recording, agent_policy, inv
 
 from envhub.backends.scripted import ScriptedBackend
 from envhub.gateway import Gateway, GatewayThread, build
+from envhub.rollout.fidelity import check_trajectory
 
 openai = pytest.importorskip("openai")
 anthropic = pytest.importorskip("anthropic")
@@ -36,7 +37,7 @@ def check_session(gw, session, backend, turns: int) -> None:
     assert [c.parent is None for c in session.calls] == [True] + [False] * (turns - 1)
     assert invariant_problems(session, trajs, backend.calls) == []
     codec = gw.codec_for(json.loads(main.details["tools"]))
-    assert main.check(codec, generations=[g for _, g in backend.calls]) == []
+    assert check_trajectory(main, codec, generations=[g for _, g in backend.calls]) == []
 
 
 def chat_loop(client, stream: bool) -> str:

@@ -29,7 +29,7 @@ def swe_gym():
 
 @pytest.fixture(scope="session")
 def smollm2_tokenizer():
-    from envhub.cli.rollout import default_tokenizer
+    from envhub.cli.common import default_tokenizer
     from envhub.testing.models import load_tokenizer, resolve_model
 
     return load_tokenizer(resolve_model(default_tokenizer()))

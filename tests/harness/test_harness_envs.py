@@ -13,6 +13,7 @@ from gw_helpers import Recording, invariant_problems
 from envhub.backends.scripted import ScriptedBackend
 from envhub.gateway import Gateway
 from envhub.harness.episode import HarnessRunner
+from envhub.rollout.fidelity import check_trajectory
 from envhub.harness.presets import (HARNESS_DIR, PRESETS, HarnessNotInstalled, Preset, get_preset, golden_commands,
                                     noop_commands, scripted)
 
@@ -62,7 +63,7 @@ def test_golden_solves_and_noop_fails_through_the_real_harness(name, swe_gym, sm
         from envhub.codec.chat import ChatCodec
 
         codec = ChatCodec.shared(smollm2_tokenizer, tools=json.loads(t.details["tools"]))
-        assert t.check(codec, generations=[g for _, g in backend.calls]) == []
+        assert check_trajectory(t, codec, generations=[g for _, g in backend.calls]) == []
         noop, _ = episode(spec, task, preset, noop_commands, smollm2_tokenizer, timeout_s=180)
         assert noop[0].reward == 0.0 and not noop[0].passed
     assert stray_processes() == []

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from rollout_sim import TOOLS, Turn, assemble, byte_ids, oracle_env_text, split_ids
 
 from envhub.env import Action, ToolCall
-from envhub.rollout.fidelity import FidelityError, check_trajectory
+from envhub.rollout.fidelity import FidelityError, assert_faithful, check_trajectory
 from envhub.rollout.trajectory import Trajectory
 
 SETTINGS = settings(max_examples=int(__import__("os").environ.get("ENVHUB_FIDELITY_EXAMPLES", "40")), deadline=None, suppress_health_check=list(HealthCheck))
@@ -101,7 +101,7 @@ def test_random_scripts_are_faithful(data, codec, tok, family):
 
     assert check_trajectory(traj, codec, generations=gens) == []
     assert check_trajectory(traj, codec) == []
-    assert traj.check(tok, tools=TOOLS) == []
+    assert check_trajectory(traj, tok, tools=TOOLS) == []
     # sampled ids sit unchanged, in order, in the mask-1 spans
     spans = [traj.response_ids[a:b] for a, b in traj.action_ranges]
     assert spans == [g.token_ids for g in gens if g.token_ids]
@@ -233,10 +233,10 @@ def test_shifted_logprobs_are_caught(data, codec, tok, family):
 def test_check_raises_on_request(codec, tok):
     ids = codec.action_ids("hello")
     traj, gens, _ = assemble(codec, [{"role": "user", "content": "hi"}], [Turn(ids, [-0.1] * len(ids), None)])
-    assert traj.check(codec, generations=gens, raise_on_problem=True) == []
+    assert_faithful(traj, codec, generations=gens)
     bad = _copy(traj, prompt_ids=traj.prompt_ids[:-1])
     try:
-        bad.check(codec, raise_on_problem=True)
+        assert_faithful(bad, codec)
     except FidelityError as e:
         assert "prompt_ids differ" in str(e) and e.problems
     else:
