@@ -314,7 +314,7 @@ def add_cmd(path: str, n: int | None, concurrency: int, force: bool, tree: bool,
     console = _console()
     registry = Registry.load(find_registry(registry_path))
     results = publish(path, registry, n=n, force=force, concurrency=concurrency, wheel=not tree,
-                      reuse_admission=reuse_admission, log=lambda s: console.print(f"[dim]{s}[/]"))
+                      reuse_admission=reuse_admission, log=lambda s: console.print(f"[dim]{s}[/]", soft_wrap=True))
     for r in results:
         for w in r.warnings:
             console.print(f"[yellow]warning:[/] {w}")
