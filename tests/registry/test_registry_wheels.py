@@ -114,6 +114,11 @@ def test_reuse_admission_only_for_the_tree_it_ran_on(plugin, tmp_path, monkeypat
     assert reg_path.read_bytes() == index_bytes and (tmp_path / after.source).read_bytes() == wheel_bytes
     assert sorted(os.listdir(tmp_path / "wheels")) == [after.source.split("/")[1]]
 
+    # back to the tree that was admitted, and back to a tree entry: the wheel no entry names any more is removed
+    readme.write_text(readme.read_text()[:-1])
+    publish(root, Registry.load(reg_path), reuse_admission=True, wheel=False)
+    assert Registry.load(reg_path).get("reuse-env") == before and os.listdir(tmp_path / "wheels") == []
+
     with pytest.raises(PublishRefused, match="has no admitted entry for it"):
         publish(root, Registry.load(tmp_path / "other.toml"), reuse_admission=True)
     with pytest.raises(Exception, match="--tasks does not apply"):
