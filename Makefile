@@ -35,7 +35,7 @@ lint: setup  ## ruff over the tree, mypy over the core contract (pyproject.toml 
 	$(BIN)/mypy
 
 test: setup lint  ## everything CI runs: lint, unit + integration + slow tiers, then the trainer and vLLM tiers
-	$(BIN)/envhub registry verify              # every registry entry's hash matches its shipped source
+	$(BIN)/envhub registry verify --rebuild    # every entry matches its source; each shipped wheel is its tree rebuilt
 	$(BIN)/pytest -m "not vllm and not trainers and not ray and not harness" -q
 	$(MAKE) test-harness
 	$(MAKE) test-trainers

@@ -54,7 +54,7 @@ An envhub environment plugin: `{env_id}`, {summary_lower}
 envhub validate .                      # admission: golden passes, no-op and hack probes fail, replays agree
 pip install -e .                       # then: envhub info {env_id}; gymnasium.make("envhub/{env_id}-v0")
 python -m {module}.generate            # rewrite data/test.jsonl from a seed
-envhub registry add . --registry ../registry.toml   # publish: the entry (hash + admission summary)
+envhub registry add . --registry ../registry.toml   # publish: wheel + entry (hashes, admission summary)
 ```
 
 Everything lives in `{module}/__init__.py`: the env, the verifier, the golden / no-op / hack-probe policies and the

@@ -289,7 +289,7 @@ def uninstall_cmd(env_id: str, distribution: str | None, python: str | None) -> 
 
 @click.group("registry")
 def registry_group() -> None:
-    """Maintain registry.toml: publish entries, check hashes."""
+    """Maintain an index file (registry.toml): publish entries (wheel + hashes + admission), check them."""
 
 
 @click.command("add")
@@ -297,23 +297,32 @@ def registry_group() -> None:
 @click.option("--tasks", "n", type=int, default=None, help="Admit only the first N tasks (default: all).")
 @click.option("--concurrency", type=int, default=4, show_default=True, help="Admission episodes run at once.")
 @click.option("--force", is_flag=True, help="Write the entry even when admission finds the verifier unfit.")
+@click.option("--tree", is_flag=True,
+              help="Name the source tree instead of building a wheel (local development indexes only: a tree path "
+                   "resolves nowhere else).")
+@click.option("--reuse-admission", is_flag=True,
+              help="Keep the entry's admission (table and report) instead of running it again; refused unless the "
+                   "tree's content hash is the one that admission ran on.")
 @registry_option
 @_friendly
-def add_cmd(path: str, n: int | None, concurrency: int, force: bool, registry_path: str | None) -> None:
-    """Run admission on the plugin at PATH and write its entry (hash + admission summary) to the registry."""
+def add_cmd(path: str, n: int | None, concurrency: int, force: bool, tree: bool, reuse_admission: bool,
+            registry_path: str | None) -> None:
+    """Run admission on the plugin at PATH, build its wheel into wheels/ beside the registry, and write its entry
+    (wheel sha256, source tree hash, admission summary). Nothing is written when admission refuses it."""
     from envhub.registry import Registry, find_registry, publish
 
     console = _console()
     registry = Registry.load(find_registry(registry_path))
-    results = publish(path, registry, n=n, force=force, concurrency=concurrency,
-                      log=lambda s: console.print(f"[dim]{s}[/]"))
+    results = publish(path, registry, n=n, force=force, concurrency=concurrency, wheel=not tree,
+                      reuse_admission=reuse_admission, log=lambda s: console.print(f"[dim]{s}[/]", soft_wrap=True))
     for r in results:
         for w in r.warnings:
             console.print(f"[yellow]warning:[/] {w}")
         verdict = "[green]fit[/]" if r.fit else f"[red]UNFIT[/] ({', '.join(r.unfit_reasons)})"
         e = r.entry
-        console.print(f"wrote [bold]{e.id}[/] {e.version} to {registry.path}: admission {e.admission_summary}, "
-                      f"verifier {verdict}, sha256 {e.sha256[:16]}..., report {e.admission['report']}")
+        console.print(f"wrote [bold]{e.id}[/] {e.version} to {registry.path}: admission {e.admission_summary}"
+                      f"{' (reused)' if r.reused else ''}, verifier {verdict}, source {e.source}, "
+                      f"sha256 {e.sha256[:16]}..., report {e.admission['report']}", soft_wrap=True)
 
 
 @click.command("hash")
@@ -326,28 +335,20 @@ def hash_cmd(path: str) -> None:
 
 
 @click.command("verify")
+@click.option("--rebuild", is_flag=True,
+              help="Also rebuild each wheel from its source tree and compare (bytes, else contents).")
 @registry_option
 @_friendly
-def verify_cmd(registry_path: str | None) -> None:
-    """Check every entry with a local source against its sha256 (exit 1 on any mismatch). Installs nothing."""
-    from envhub.registry import RegistryError, compute_sha256, load_registry, parse_source
+def verify_cmd(rebuild: bool, registry_path: str | None) -> None:
+    """Check every entry with a local source against its sha256, and each wheel built by `registry add` against its
+    source tree (stale when the tree changed since). Exit 1 on any mismatch. Installs nothing."""
+    from envhub.registry import load_registry, verify
 
     registry = load_registry(registry_path)
-    bad = 0
-    for entry in registry.entries.values():
-        try:
-            source = parse_source(entry.source, registry.root)
-        except RegistryError as e:
-            click.echo(f"ERROR  {entry.id}: {e}")
-            bad += 1
-            continue
-        if source.kind not in ("tree", "file"):
-            click.echo(f"skip   {entry.id}: {source.kind} source (checked at install time)")
-            continue
-        digest = compute_sha256(source.location)
-        ok = digest == entry.sha256
-        bad += not ok
-        click.echo(f"{'ok    ' if ok else 'DIFFER'} {entry.id}: {digest}" + ("" if ok else f" != {entry.sha256}"))
+    checks = verify(registry, rebuild=rebuild)
+    for c in checks:
+        click.echo(f"{c.status:<6} {c.env_id}: {c.message}")
+    bad = sum(c.bad for c in checks)
     if bad:
         raise click.ClickException(f"{bad} entr{'y' if bad == 1 else 'ies'} of {registry.path} do not match")
 

@@ -7,8 +7,7 @@ hashed (nothing can change between the check and the install), then ask a fresh 
 discoverable and loads. A plugin that does not show up is uninstalled again, so a failed install leaves nothing.
 
 Every pip call and every check runs against ``PipOptions.python`` (default: this interpreter), so one can install into
-another environment, as ``pip --python`` does. ``publish`` (``envhub registry add``) runs admission on a plugin source
-tree and writes its entry with the content hash and the admission summary.
+another environment, as ``pip --python`` does. Publishing (``envhub registry add``) is :mod:`envhub.registry.publish`.
 """
 from __future__ import annotations
 
@@ -27,8 +26,8 @@ from typing import Any, Callable
 
 from envhub.plugins import UnknownEnv, unknown_message
 from envhub.registry.model import (  # tomllib: the stdlib module, or tomli on Python 3.10
-    ARCHIVE_SUFFIXES, tomllib, Entry, Registry, RegistryError, Source, compute_sha256, content_hash, parse_source,
-    source_files, split_requirement,
+    ARCHIVE_SUFFIXES, tomllib, Registry, RegistryError, Source, compute_sha256, copy_tree, parse_source,
+    split_requirement,
 )
 
 Log = Callable[[str], None]
@@ -40,10 +39,6 @@ class InstallError(RegistryError):
 
 class HashMismatch(InstallError):
     """The fetched source does not have the registry's sha256. Nothing was installed."""
-
-
-class PublishRefused(RegistryError):
-    """Admission found the verifier unfit; the entry was not written (reports were)."""
 
 
 @dataclass
@@ -95,15 +90,6 @@ class UninstallResult:
     env_id: str
     distribution: str
     version: str
-
-
-@dataclass
-class PublishResult:
-    entry: Entry
-    report_path: Path
-    fit: bool
-    unfit_reasons: list[str]
-    warnings: list[str] = field(default_factory=list)
 
 
 def _run_pip(opts: PipOptions, *args: str) -> subprocess.CompletedProcess:
@@ -167,11 +153,7 @@ def fetch(source: Source, workdir: Path, opts: PipOptions) -> Path:
     """
     if source.kind == "tree":
         src = Path(source.location)
-        dest = workdir / "src" / src.name
-        for rel in source_files(src):
-            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(src / rel, dest / rel)
-        return dest
+        return copy_tree(src, workdir / "src" / src.name)
     if source.kind == "file":
         dest = workdir / Path(source.location).name
         shutil.copyfile(source.location, dest)
@@ -340,58 +322,3 @@ def uninstall(env_id: str, opts: PipOptions | None = None, distribution: str | N
     if after.get("found"):
         raise InstallError(f"uninstalled {dist}, but {env_id!r} is still provided by {after.get('distribution')}")
     return UninstallResult(env_id, dist, found.get("dist_version", "?"))
-
-
-# ---- publish --------------------------------------------------------------------------------------------------------
-def publish(path: str | Path, registry: Registry, *, n: int | None = None, force: bool = False,
-            concurrency: int = 4, log: Log = lambda s: None) -> list[PublishResult]:
-    """``envhub registry add PATH``: admit every env the plugin at ``path`` registers and write its entry.
-
-    The report of each env goes to ``reports/<id>-<version>.json`` next to the registry. When admission finds a
-    verifier unfit, :class:`PublishRefused` is raised (its message says why) and *nothing* is written, unless
-    ``force``: neither the entry nor the report, which could overwrite the report a valid entry points to. The plugin is loaded from ``path`` in a private hub, so an installed copy of it
-    cannot collide with it.
-    """
-    from envhub.admission import admit
-    from envhub.plugins import Hub, load_path
-
-    root = Path(path).resolve()
-    if registry.root.resolve().is_relative_to(root):
-        # the entry and its report would land in the tree they hash, making the hash stale at once
-        raise RegistryError(f"the registry {registry.path} is inside the plugin tree {root}: pass --registry with a "
-                            "registry.toml outside it")
-    digest = content_hash(root)  # before anything imports from the tree (caches are excluded anyway)
-    meta = tomllib.loads((root / "pyproject.toml").read_text()) if (root / "pyproject.toml").is_file() else {}
-    project = meta.get("project", {})
-    specs = load_path(root, hub=Hub())
-    results: list[PublishResult] = []
-    reports: dict[Path, str] = {}  # written only once every env is fit (or --force)
-    for spec in specs:
-        log(f"admission of {spec.id} {spec.version} ({root})")
-        report = admit(spec, n=n, concurrency=concurrency)
-        report_path = registry.root / "reports" / f"{spec.id}-{spec.version}.json"
-        reports[report_path] = report.to_json() + "\n"
-        old = registry.entries.get(spec.id)
-        entry = Entry(
-            id=spec.id, version=spec.version, summary=spec.summary or project.get("description", ""),
-            source=registry.relative(root), sha256=digest, tags=list(spec.tags),
-            admission={"tasks": len(report.tasks), "passed": report.passed,
-                       "report": registry.relative(report_path)},
-            extra=dict(old.extra) if old else {},
-        )
-        warnings = []
-        if project.get("version") and project["version"] != spec.version:
-            warnings.append(f"{spec.id}: pyproject version {project['version']} differs from the spec's {spec.version}")
-        results.append(PublishResult(entry, report_path, report.fit, list(report.unfit_reasons), warnings))
-    unfit = [r for r in results if not r.fit]
-    if unfit and not force:
-        why = "; ".join(f"{r.entry.id}: {', '.join(r.unfit_reasons)}" for r in unfit)
-        raise PublishRefused(f"the verifier is unfit; nothing written (no entry, no report): {why}. Fix the plugin "
-                             "(`envhub validate PATH` shows the full report) or pass --force.")
-    for report_path, text in reports.items():
-        report_path.parent.mkdir(parents=True, exist_ok=True)
-        report_path.write_text(text)
-    for r in results:
-        registry.put(r.entry)
-    registry.save()
-    return results

@@ -9,8 +9,9 @@ the lower ones it shadows: ``envhub list`` shows both, nothing is replaced silen
 4. ``$ENVHUB_REGISTRY``: a path or an ``http(s)://`` URL, or several separated by commas (in priority order)
 5. the built-in index, shipped inside the package (``envhub/registry/index.toml``)
 
-Layers that do not exist are skipped; one file reached twice (the checkout's ``registry.toml`` is both the project
-file and, through a symlink, the built-in index of an editable install) is read once. A layer that exists but
+Layers that do not exist are skipped; one file reached twice (in a checkout, ``registry.toml`` is a symlink to the
+built-in index, so it is both the project file and the built-in index of an editable install) is read once, and a
+symlinked index resolves its relative paths against the real file's directory. A layer that exists but
 cannot be read is an error naming it: a hub that silently lost an index would install from the wrong one.
 """
 from __future__ import annotations
@@ -86,9 +87,8 @@ def read_layer(layer: Layer) -> Registry:
         reg = Registry.loads(text, Path(REGISTRY_FILE), where=layer.location)
         base = layer.location.rsplit("/", 1)[0] + "/"
     else:
-        path = Path(layer.location)
-        reg = Registry.load(path.resolve() if layer.name == "built-in" else path)  # a symlinked built-in index
-        base = str(reg.root)  # resolves against its real directory
+        reg = Registry.load(layer.location)  # a symlink is followed: relative paths resolve against the real file
+        base = str(reg.root)
     for entry in reg.entries.values():
         entry.origin, entry.base = layer.name, base
     return reg

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +30,7 @@ EXCLUDED_TOP = frozenset({"build", "dist"})  # only at the root: a package may w
 EXCLUDED_SUFFIXES = (".pyc", ".pyo", ".egg-info")
 ARCHIVE_SUFFIXES = (".whl", ".tar.gz", ".zip", ".tgz")
 _REQUIREMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*\s*==\s*[A-Za-z0-9._+!-]+$")
-_KNOWN_KEYS = ("version", "summary", "source", "sha256", "tags", "admission")
+_KNOWN_KEYS = ("version", "summary", "source", "sha256", "source_tree", "source_sha256", "tags", "admission")
 
 
 class RegistryError(Exception):
@@ -60,6 +61,18 @@ def source_files(root: str | Path) -> list[str]:
         dirnames[:] = [d for d in dirnames if not excluded(rel_dir / d) and not (Path(dirpath) / d).is_symlink()]
         out += [(rel_dir / f).as_posix() for f in filenames if not excluded(rel_dir / f)]
     return sorted(out)
+
+
+def copy_tree(src: str | Path, dest: str | Path) -> Path:
+    """Copy exactly the files of :func:`source_files` from ``src`` into ``dest`` (created), each with mode 0644: a
+    copy that hashes as ``src`` does and carries no build outputs, caches, or mode bits of the author's checkout."""
+    src, dest = Path(src), Path(dest)
+    for rel in source_files(src):
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src / rel, dest / rel)
+        os.chmod(dest / rel, 0o644)
+    dest.mkdir(parents=True, exist_ok=True)
+    return dest
 
 
 def content_hash(root: str | Path) -> str:
@@ -107,6 +120,10 @@ class Entry:
     summary: str = ""
     source: str = ""
     sha256: str = ""
+    # a wheel built by `registry add`: the tree it was built from (relative, like source) and that tree's content
+    # hash, so `registry verify` can tell a wheel gone stale from its tree; empty for other sources
+    source_tree: str = ""
+    source_sha256: str = ""
     tags: list[str] = field(default_factory=list)
     admission: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
@@ -132,6 +149,8 @@ class Entry:
             summary=str(table.get("summary", "")),
             source=str(table.get("source", "")),
             sha256=str(table.get("sha256", "")).lower(),
+            source_tree=str(table.get("source_tree", "")),
+            source_sha256=str(table.get("source_sha256", "")).lower(),
             tags=list(tags),
             admission=dict(admission),
             extra={k: v for k, v in table.items() if k not in _KNOWN_KEYS},
@@ -141,6 +160,10 @@ class Entry:
         """The table, keys in a fixed order (tidy, stable diffs); empty optional parts are left out."""
         out: dict[str, Any] = {"version": self.version, "summary": self.summary, "source": self.source,
                                "sha256": self.sha256}
+        if self.source_tree:
+            out["source_tree"] = self.source_tree
+        if self.source_sha256:
+            out["source_sha256"] = self.source_sha256
         if self.tags:
             out["tags"] = list(self.tags)
         out.update(self.extra)
@@ -156,6 +179,20 @@ class Entry:
         """``"12/12"`` (admitted / tasks), or ``"-"`` when the entry has no admission record."""
         a = self.admission
         return f"{a.get('passed', '?')}/{a.get('tasks', '?')}" if a else "-"
+
+    @property
+    def admitted_tree_hash(self) -> str:
+        """The content hash of the source tree this entry's admission ran on: ``source_sha256`` for a wheel built by
+        ``registry add``, ``sha256`` itself for a tree or git source (a content hash); "" when unknown (a wheel,
+        sdist, URL or requirement published some other way)."""
+        if self.source_sha256:
+            return self.source_sha256
+        s = self.source.strip()
+        if s.startswith("git+"):
+            return self.sha256
+        if "://" in s or s.endswith(ARCHIVE_SUFFIXES) or _REQUIREMENT.match(s):
+            return ""
+        return self.sha256
 
     def matches(self, text: str) -> bool:
         """Every word of ``text`` occurs (case-insensitively) in the id, the summary or a tag."""
@@ -181,8 +218,10 @@ class Registry:
 
     @classmethod
     def load(cls, path: str | Path) -> Registry:
-        """Read ``path``; a missing file is an empty registry (``registry add`` creates it)."""
-        path = Path(path).absolute()
+        """Read ``path``; a missing file is an empty registry (``registry add`` creates it). A symlinked index is
+        followed: its relative paths resolve against the real file's directory, and a save rewrites the real file
+        (the checkout's ``registry.toml`` is a symlink to the built-in index)."""
+        path = Path(path).resolve()
         if not path.exists():
             return cls(path)
         return cls.loads(path.read_text(), path)

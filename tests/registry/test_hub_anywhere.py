@@ -1,7 +1,8 @@
 """The hub outside the checkout: a fresh venv, run from an unrelated directory, installs envs whose index and
 sources are served from a loopback HTTP server (an index URL in $ENVHUB_REGISTRY, a wheel URL + sha256) and a local
 git remote (``git+file://…@commit#subdirectory=`` + content hash checked after fetch). Indexes are layered, and
-``envhub list`` says which one each entry comes from."""
+``envhub list`` says which one each entry comes from. And envhub installed from its own wheel into a venv that holds
+no other envhub installs the shipped envs from the built-in index alone (the wheels inside the package)."""
 import functools
 import http.server
 import json
@@ -9,12 +10,14 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 import threading
+import time
 from pathlib import Path
 
 import pytest
 
-from envhub.registry import content_hash, file_hash, source_files
+from envhub.registry import build_wheel, content_hash, copy_tree, file_hash, source_files
 from helpers import ROOT
 
 pytestmark = pytest.mark.slow
@@ -127,3 +130,72 @@ def test_index_layers_have_a_stated_order(tmp_path, monkeypatch):
     monkeypatch.setenv("ENVHUB_REGISTRY", str(tmp_path / "missing.toml"))
     with pytest.raises(Exception, match=r"missing.toml\) does not exist"):
         load_index(cwd=project)
+
+
+def venv_without_envhub(path: Path) -> Path:
+    """A fresh venv that reaches the project's dependencies but not envhub or its envs: this interpreter's
+    site-packages minus every envhub distribution (the editable envhub and env installs), through a directory of
+    symlinks added as a site directory. Returns its python."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(path)], check=True)
+    python = path / "bin" / "python"
+    shadow = path / "parent-site"
+    shadow.mkdir()
+    parent = Path(sysconfig.get_paths()["purelib"])
+    for item in parent.iterdir():
+        if not item.name.lower().startswith(("envhub", "__editable__")):
+            (shadow / item.name).symlink_to(item)
+    (purelib(python) / "_envhub_test_parent.pth").write_text(f"import site; site.addsitedir({str(shadow)!r})\n")
+    return python
+
+
+def test_pip_installed_envhub_installs_shipped_envs_from_the_builtin_index(tmp_path):
+    t0 = time.perf_counter()
+    stage = tmp_path / "stage"  # envhub's package sources only, as an sdist would carry them
+    copy_tree(ROOT / "envhub", stage / "envhub")
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copyfile(ROOT / name, stage / name)
+    envhub_wheel = build_wheel(stage, tmp_path / "dist").path
+    python = venv_without_envhub(tmp_path / "venv")
+    site = purelib(python)
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps", "--no-index",
+                    str(envhub_wheel)], check=True)
+    elsewhere = tmp_path / "elsewhere"  # not the checkout, no registry.toml here or above
+    elsewhere.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "XDG_CONFIG_HOME", "ENVHUB_REGISTRY")}
+    env["HOME"] = str(tmp_path / "home")  # no user index
+    envhub_cli = str(python.parent / "envhub")  # the console script pip wrote
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([*args], cwd=elsewhere, env=env, capture_output=True, text=True, timeout=600)
+
+    where = run(str(python), "-c", "import envhub; print(envhub.__file__)")
+    assert where.stdout.strip() == str(site / "envhub" / "__init__.py"), where.stdout + where.stderr
+
+    r = run(envhub_cli, "list", "--json")
+    assert r.returncode == 0, r.stderr
+    rows = {row["id"]: row for row in json.loads(r.stdout)}
+    assert sorted(rows) == ["code-contests", "countdown", "guess-number", "math-python", "swe-gym"]
+    assert {(row["index"], row["installed"], row["admission"] != "-") for row in rows.values()} == \
+        {("built-in", None, True)}
+    r = run(envhub_cli, "list")
+    assert r.returncode == 0 and "countdown" in r.stdout, r.stderr
+    index = site / "envhub" / "registry" / "index.toml"
+    assert f"indexes, highest priority first: built-in ({index})" in " ".join(r.stdout.split())
+
+    r = run(envhub_cli, "install", "countdown", "--no-index")
+    assert r.returncode == 0 and "installed countdown 0.1.0" in r.stdout, r.stdout + r.stderr
+    shipped = site / "envhub" / "registry" / "wheels" / "envhub_countdown-0.1.0-py3-none-any.whl"
+    assert f"fetchingfile{shipped}" in "".join(r.stdout.split())  # the wheel inside the installed envhub (the
+    # console wraps long lines)
+
+    r = run(envhub_cli, "info", "countdown", "--json")
+    assert r.returncode == 0, r.stderr
+    info = json.loads(r.stdout)
+    assert info["installed"]["distribution"] == "envhub-countdown" and info["installed"]["tasks"] == 32
+    assert info["index"]["from"] == "built-in" and info["admission_report"]["fit"] is True  # the report ships too
+    play = run(str(python), "-c", "import envhub, envhub_countdown\n"
+               "env = envhub.make('countdown'); task = envhub.get_spec('countdown').load_tasks()[0]\n"
+               "msgs, _ = env.reset(options={'task': task}); print(envhub_countdown.__file__, len(msgs))")
+    assert play.returncode == 0, play.stderr
+    assert play.stdout.split()[0] == str(site / "envhub_countdown" / "__init__.py")
+    print(f"fresh-venv hub test: {time.perf_counter() - t0:.1f} s; envhub wheel {envhub_wheel.stat().st_size} bytes")

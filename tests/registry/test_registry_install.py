@@ -22,9 +22,10 @@ def opts(venv, **kw) -> PipOptions:
 
 
 def published(plugin, tmp_path, name: str, kind: str = "text") -> Registry:
+    """A local development index: the entry names the source tree (``registry add --tree``)."""
     root = plugin(name, kind)
     reg = Registry.load(tmp_path / "registry.toml")
-    publish(root, reg, n=2)
+    publish(root, reg, n=2, wheel=False)
     return Registry.load(tmp_path / "registry.toml")
 
 
@@ -44,8 +45,11 @@ def test_registry_add_writes_entry_with_hash_and_admission(plugin, tmp_path):
     res = cli("registry", "add", str(root), "--registry", str(reg_path))
     assert res.exit_code == 0, res.output
     entry = Registry.load(reg_path).get("pub-env")
-    assert entry.source == "envs/pub-env"  # relative to the registry file
-    assert entry.sha256 == content_hash(root)
+    wheel = tmp_path / "wheels" / "envhub_pub_env-0.1.0-py3-none-any.whl"  # built into wheels/ beside the index
+    assert entry.source == "wheels/envhub_pub_env-0.1.0-py3-none-any.whl"  # relative to the registry file
+    assert entry.sha256 == file_hash(wheel)
+    assert (entry.source_tree, entry.source_sha256) == ("envs/pub-env", content_hash(root))
+    assert not (root / "build").exists() and not list(root.glob("*.egg-info"))  # built from a private copy
     assert entry.version == "0.1.0" and entry.tags == ["example", "tools", "multi-turn"]
     assert "basket" in entry.summary
     assert entry.admission == {"tasks": 8, "passed": 8, "report": "reports/pub-env-0.1.0.json"}
@@ -75,7 +79,8 @@ def test_registry_add_refuses_an_unfit_verifier(plugin, tmp_path):
     reg_path = tmp_path / "registry.toml"
     with pytest.raises(PublishRefused, match="noop check failed"):
         publish(root, Registry.load(reg_path))
-    assert not reg_path.exists() and not (tmp_path / "reports").exists()  # nothing written: no entry, no report
+    assert not reg_path.exists() and not (tmp_path / "reports").exists()  # nothing written: no entry, no report,
+    assert not (tmp_path / "wheels").exists()  # no wheel
     # the attack: a refused publish of the same id+version must not overwrite the report a valid entry points to
     valid = tmp_path / "reports" / "lax-env-0.1.0.json"
     valid.parent.mkdir()
@@ -88,9 +93,11 @@ def test_registry_add_refuses_an_unfit_verifier(plugin, tmp_path):
         publish(root, Registry.load(root / "registry.toml"))
     res = cli("registry", "add", str(root), "--registry", str(reg_path))  # same module: already imported
     assert res.exit_code == 1 and "unfit" in res.output and "--force" in res.output
+    assert not (tmp_path / "wheels").exists()
     res = cli("registry", "add", str(root), "--registry", str(reg_path), "--force")
     assert res.exit_code == 0, res.output
     assert Registry.load(reg_path).get("lax-env").admission["passed"] == 0
+    assert (tmp_path / "wheels" / "envhub_lax_env-0.1.0-py3-none-any.whl").is_file()
 
 
 # ---- install / uninstall --------------------------------------------------------------------------------------------
