@@ -106,6 +106,7 @@ class HFBackend(LLMBackend):
         self._runner: asyncio.Task | None = None
         self._lock = threading.Lock()  # guards _pending against loops in other threads
         self.batches: list[int] = []  # size of every batch run, for tests and benchmarks
+        self.tokens_sampled = 0  # every token sampled so far, counted as it is sampled (live tok/s in the CLI)
 
     def _eos_ids(self, GenerationConfig) -> set[int]:
         ids: set[int] = set()
@@ -212,6 +213,7 @@ class HFBackend(LLMBackend):
                     tok, lp = sample_row(logits[i], r.params, generators[i], modes[i])
                     out_ids[i].append(tok)
                     out_lps[i].append(lp)
+                    self.tokens_sampled += 1
                     finish[i] = checkers[i](out_ids[i])
                     next_tokens.append(tok)
                 if all(f is not None for f in finish):

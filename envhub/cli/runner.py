@@ -48,6 +48,8 @@ class Run:
         self.work = [(t, k) for t in self.tasks for k in range(samples) if (str(t["task_id"]), k) not in done]
         self.finished: list[Any] = []  # this invocation's finished trajectories, in finishing order
         self.interrupts = 0
+        self._t0, self._model_tokens = time.perf_counter(), 0
+        self._sampled_before: int | None = None
         self.wall_s = 0.0
 
     # ---- one episode -------------------------------------------------------------------------------------------
@@ -86,8 +88,9 @@ class Run:
         from rich.progress import TimeRemainingColumn
 
         sem = asyncio.Semaphore(self.concurrency)
-        t0 = time.perf_counter()
-        tokens = [0]
+        t0 = self._t0 = time.perf_counter()
+        self._sampled_before = getattr(self.backend, "tokens_sampled", None)
+        rate = self.rate_text
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                    TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.fields[rate]}"))
         # progress only on a terminal: a log file gets the summary, not a redrawn bar
@@ -97,15 +100,32 @@ class Run:
                 bar = progress.add_task(self.label, total=len(self.work), rate="")
 
                 def on_done(traj) -> None:
-                    tokens[0] += sum(traj.response_mask)
-                    failed = sum(t.finish_reason in ("error", "timeout") for t in self.finished)
-                    rate = f"{tokens[0] / max(time.perf_counter() - t0, 1e-9):.1f} tok/s"
-                    progress.update(bar, advance=1, rate=rate + (f", {failed} failed" if failed else ""))
+                    self._model_tokens += sum(traj.response_mask)
+                    progress.update(bar, advance=1, rate=rate())
 
-                await asyncio.gather(*(self._one(t, k, sem, on_done) for t, k in self.work))
+                async def tick() -> None:  # redraw the rate while episodes run, not only when one finishes
+                    while True:
+                        await asyncio.sleep(0.5)
+                        progress.update(bar, rate=rate())
+
+                ticker = asyncio.ensure_future(tick()) if live else None
+                try:
+                    await asyncio.gather(*(self._one(t, k, sem, on_done) for t, k in self.work))
+                finally:
+                    if ticker is not None:
+                        ticker.cancel()
         finally:
             self.wall_s = time.perf_counter() - t0
             await self.backend.close()
+
+    def rate_text(self) -> str:
+        """Tokens per second so far: counted as they are sampled when the backend counts them (``tokens_sampled``:
+        one long generation must not look like a stalled run), else the finished episodes' model tokens."""
+        now = getattr(self.backend, "tokens_sampled", None)
+        before = self._sampled_before
+        n = now - before if isinstance(now, int) and isinstance(before, int) else self._model_tokens
+        failed = sum(t.finish_reason in ("error", "timeout") for t in self.finished)
+        return f"{n / max(time.perf_counter() - self._t0, 1e-9):.1f} tok/s" + (f", {failed} failed" if failed else "")
 
     # ---- the loop and Ctrl-C -------------------------------------------------------------------------------------
     def execute(self, handle_sigint: bool = False) -> int:
