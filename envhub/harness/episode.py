@@ -176,6 +176,7 @@ class HarnessEpisode:
         self.trajectories: list[Trajectory] = []
         self.session: Any = None
         self.instructions, self.exit_info, self.artifacts = "", {}, {}
+        self.score: Any = None  # the verifier's Score, after EVAL
         self.metrics: dict[str, float] = {}
         self._t0 = time.perf_counter()
 
@@ -236,7 +237,7 @@ class HarnessEpisode:
         from envhub.verifier import safe_verify
 
         t0 = time.perf_counter()
-        score = safe_verify(self.spec.verifier, self.task, self.artifacts)
+        self.score = score = safe_verify(self.spec.verifier, self.task, self.artifacts)
         self.metrics["eval_s"] = round(time.perf_counter() - t0, 3)
         gw, session = self.runner.gateway, self.session
         if any(c.ok for c in session.calls):

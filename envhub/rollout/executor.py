@@ -27,7 +27,7 @@ from envhub.env import Message, Task, TextEnv
 from envhub.rollout.request import RolloutConfig, RolloutRequest, TaskIndex
 from envhub.rollout.trajectory import Trajectory
 from envhub.spec import EnvSpec
-from envhub.verifier import averify
+from envhub.verifier import Score, averify
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +57,7 @@ class Episode:
         # sampled (the ProRL reply's per-message token fields are cut along these, envhub.service.prorl)
         self.turns: list[tuple[int, int, int]] = []
         self.artifacts: dict[str, Any] | None = None
+        self.score: Score | None = None  # the verifier's, after EVAL (``score.crashed``: the grader gave no verdict)
         self.traj = Trajectory(env_id=spec.id, task_id=str(task.get("task_id", "")),
                                policy_version=self.config.policy_version)
         self.traj.metrics.update(init_s=0.0, run_s=0.0, eval_s=0.0, gen_s=0.0, env_s=0.0)
@@ -108,7 +109,7 @@ class Episode:
         if self.failed or self.artifacts is None:
             return
         async with self._stage("eval_s"):
-            score = await averify(self.spec.verifier, self.task, self.artifacts)
+            self.score = score = await averify(self.spec.verifier, self.task, self.artifacts)
             self.traj.reward = score.reward + sum(self.traj.step_rewards)
             self.traj.passed = score.passed
             self.traj.details["score"] = score.details

@@ -32,7 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
 from envhub.fdlimit import raise_nofile_limit
-from envhub.service.errors import job_failure, log
+from envhub.service.errors import job_failure, log, scrub
 from envhub.service.golden import CURRENT_SPEC
 from envhub.service.jobs import STAGES, Job, State, result_dict
 from envhub.service.sandboxes import JobSandboxes, SandboxProvider, stop_all_live
@@ -215,11 +215,12 @@ class Pipeline:
             await ep.run()
         else:
             await ep.evaluate()
-            crash = (ep.traj.details.get("score") or {}).get("error")
-            if isinstance(crash, str) and crash.startswith("verifier crashed"):
+            score = ep.score
+            if score is not None and score.crashed:
                 # safe_verify turned the crash into reward 0; for a trainer that is a broken grader, not a wrong
-                # answer: mark it, so ProRL's `filter` keeps the sample out of training
-                ep.fail("error", f"EVAL: {crash}")
+                # answer: mark it, so ProRL's `filter` keeps the sample out of training. The flag, never the text:
+                # a verifier may put agent-written strings in its details.
+                ep.fail("error", f"EVAL: {scrub(str(score.details.get('error') or 'the verifier crashed'))}")
 
     def _make_env(self, job: Job) -> Any:
         cfg = job.episode.config
