@@ -33,7 +33,6 @@ from typing import Any, Callable
 
 from envhub.fdlimit import raise_nofile_limit
 from envhub.service.errors import job_failure, log, scrub
-from envhub.service.golden import CURRENT_SPEC
 from envhub.service.jobs import STAGES, Job, State, result_dict
 from envhub.service.sandboxes import JobSandboxes, SandboxProvider, stop_all_live
 
@@ -172,12 +171,7 @@ class Pipeline:
         job.state = _STATE[stage]
         self._active[stage].add(job)
         job.timer.enter(stage)
-        token = CURRENT_SPEC.set(job.spec)  # the stage task copies this context: GoldenBackend reads it
-        try:
-            job.current = asyncio.create_task(self._stage_coro(job, stage))
-        finally:
-            CURRENT_SPEC.reset(token)
-        task = job.current
+        task = job.current = asyncio.create_task(self._stage_coro(job, stage))
         try:
             done, _ = await asyncio.wait({task}, timeout=remaining)
             if not done:
