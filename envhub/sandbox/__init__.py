@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from envhub.sandbox.base import (ExecResult, Runtime, RuntimeUnavailable, Sandbox, SandboxError, SandboxSpec,
                                  ServerError, ServerHung, ServerRestarted)
-from envhub.sandbox.pool import PoolGroup, SandboxPool
+from envhub.sandbox.pool import SandboxPool
 
-__all__ = ["ExecResult", "PoolGroup", "Runtime", "RuntimeUnavailable", "Sandbox", "SandboxError", "SandboxPool",
+__all__ = ["ExecResult", "Runtime", "RuntimeUnavailable", "Sandbox", "SandboxError", "SandboxPool",
            "SandboxSpec", "ServerError", "ServerHung", "ServerRestarted", "available_runtimes", "get_runtime",
            "live_sandboxes", "start"]
 
