@@ -53,7 +53,7 @@ class FunctionVerifier:
 
     A ``bool`` means pass/fail with reward 1/0; a ``float`` is the reward, passed when it reaches ``pass_threshold``.
     ``blocking=False`` says ``fn`` is quick pure Python (an answer comparison): the executor then grades inline
-    instead of in a worker thread, whose hop (~100 µs) would cost more than the grading (see :func:`averify`).
+    instead of in a worker thread, whose hop would cost more than the grading (see :func:`averify`).
     """
 
     def __init__(self, fn: Callable[[Task, dict[str, Any]], Score | float | bool], pass_threshold: float = 1.0,
