@@ -24,6 +24,7 @@ from typing import Any
 
 from envhub.backends.base import LLMBackend
 from envhub.env import Message, Task, TextEnv
+from envhub.failurelog import log_failure
 from envhub.rollout.request import RolloutConfig, RolloutRequest, TaskIndex
 from envhub.rollout.trajectory import Trajectory
 from envhub.spec import EnvSpec
@@ -63,6 +64,10 @@ class Episode:
         self.traj.metrics.update(init_s=0.0, run_s=0.0, eval_s=0.0, gen_s=0.0, env_s=0.0)
         self._session_open = False
         self._sampled_eos = False
+        # a stage's exception: logged here (one record, envhub.failurelog) unless the runner logs failures itself
+        # (the rollout service does, once per job, with its job id)
+        self.exception: BaseException | None = None
+        self.log_failures = True
 
     # ---- stages ------------------------------------------------------------------------------------------------
     async def init(self) -> None:
@@ -243,13 +248,16 @@ class _Stage:
         self.episode.traj.metrics[self.metric] += time.perf_counter() - self.t0
         if exc is None or isinstance(exc, asyncio.CancelledError):
             return False
-        stage = self.metric.removesuffix("_s").upper()
-        traj = self.episode.traj
+        stage = self.metric.removesuffix("_s")
+        ep, traj = self.episode, self.episode.traj
         # the traceback goes to the log, not the trajectory: trajectories travel to clients and trainers, and a
         # traceback carries host paths and source lines
-        log.error("%s/%s failed in %s: %s: %s", traj.env_id, traj.task_id, stage, type(exc).__name__, exc,
-                  exc_info=(exc_type, exc, tb))
-        self.episode.fail("error", f"{stage}: {type(exc).__name__}: {exc}")
+        if not ep.failed:
+            ep.exception = exc
+            if ep.log_failures:
+                log_failure(log, ep.session_id, stage, traj.env_id, traj.task_id, f"{type(exc).__name__}: {exc}",
+                            exc_info=(exc_type, exc, tb))
+        ep.fail("error", f"{stage.upper()}: {type(exc).__name__}: {exc}")
         return True  # swallowed: the failure is in the trajectory
 
 
