@@ -36,6 +36,7 @@ from typing import Any
 
 from envhub.gateway.builders import build
 from envhub.gateway.core import Gateway
+from envhub.failurelog import log_failure
 from envhub.harness.presets import HARNESS_DIR, HOME, Preset, get_preset
 from envhub.rollout.trajectory import Trajectory
 
@@ -103,12 +104,18 @@ class HarnessRunner:
             env_kwargs: dict | None = None) -> list[Trajectory]:
         """One whole episode (INIT, RUN, EVAL); the session's trajectories, main chain first."""
         ep = self.episode(spec, harness, task, timeout_s=timeout_s, max_calls=max_calls, env_kwargs=env_kwargs)
+        stage = "init"
         try:
             ep.init_sync()
+            stage = "run"
             ep.run_sync()
+            stage = "eval"
             ep.evaluate_sync()
-        except Exception as e:
-            ep.fail("error", f"{type(e).__name__}: {e}")
+        except Exception as e:  # the trajectory is marked; the traceback goes to the log, once
+            error = f"{type(e).__name__}: {e}"
+            ep.fail("error", error)
+            log_failure(log, str(getattr(ep.session, "session_id", "") or "-"), stage, spec.id, ep.task_id, error,
+                        exc_info=True)
         finally:
             ep.close_sync()
         return ep.trajectories
