@@ -84,8 +84,10 @@ def prompts(offset: int = 0):
 
 
 def informative(trajs) -> bool:
-    r = [t.reward for t in trajs]
-    return max(r) - min(r) > 1e-9
+    """The collector's rule (``Group.informative``, i.e. ``dapo_keep``), so both ways keep the same groups."""
+    from envhub.service.dapo import Group
+
+    return Group("", {}, list(trajs)).informative
 
 
 async def batch_by_batch(client, n_groups: int, g: int, batch: int, start: int) -> tuple[float, int]:

@@ -58,8 +58,9 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class Episode:
-    """One scripted episode: its actions, how it ended and how it was graded."""
+class Playthrough:
+    """One scripted policy played through a task (golden, no-op, a probe): its actions, how it ended, how it was
+    graded. Not the executor's :class:`envhub.rollout.executor.Episode` (a model's rollout, token by token)."""
 
     score: Score | None = None
     turns: int = 0
@@ -176,10 +177,10 @@ def malformed_actions(tool_names: list[str]) -> dict[str, Action]:
 
 
 def play(spec: EnvSpec, task: dict[str, Any], policy: Policy, *, seed: int = SEED,
-         first_action: Action | None = None) -> Episode:
+         first_action: Action | None = None) -> Playthrough:
     """Play ``policy`` on ``task`` to the end of the episode (or the turn budget); record its actions and artifacts.
     Grading is separate (:func:`envhub.grading.BoundedGrader`), so admission controls its order and time."""
-    ep = Episode()
+    ep = Playthrough()
     env = None
     try:
         env = spec.make()
@@ -218,7 +219,7 @@ def _key(artifacts: dict[str, Any]) -> str:
     return json.dumps(artifacts, sort_keys=True, default=repr)
 
 
-def _judge(name: str, ep: Episode, must_pass: bool, *, must_fail: bool = True) -> Check:
+def _judge(name: str, ep: Playthrough, must_pass: bool, *, must_fail: bool = True) -> Check:
     if ep.error:
         return Check(name, False, f"raised {ep.error.splitlines()[0]}")
     s = ep.score
@@ -255,8 +256,8 @@ async def admit_task(spec: EnvSpec, task: dict[str, Any], run, grader: BoundedGr
         return await asyncio.to_thread(_grade_task, task, episodes, probes, grader, budget, regrades)
 
 
-def _grade_task(task: dict[str, Any], episodes: dict[str, Episode], probes: list[Probe], grader: BoundedGrader,
-                budget: Budget, regrades: int) -> TaskReport:
+def _grade_task(task: dict[str, Any], episodes: dict[str, Playthrough], probes: list[Probe],
+                grader: BoundedGrader, budget: Budget, regrades: int) -> TaskReport:
     """Grade every distinct artifact once (must-fail ones first, the golden's last), then re-grade (``regrade``)."""
     golden, replay = episodes["golden"], episodes["golden-replay"]
     golden_key = _key(golden.artifacts) if not golden.error else None
@@ -322,12 +323,12 @@ async def admit_async(spec: EnvSpec, *, n: int | None = None, task_ids: list[str
     hung = Hung()
     regrades = budget.per_task(len(tasks))
 
-    async def run(task: dict[str, Any], policy: Policy, **kw: Any) -> Episode:
+    async def run(task: dict[str, Any], policy: Policy, **kw: Any) -> Playthrough:
         async with sem:
             try:
                 return await asyncio.wait_for(asyncio.to_thread(play, spec, task, policy, **kw), EPISODE_TIMEOUT_S)
             except asyncio.TimeoutError:
-                return Episode(error=f"TimeoutError: episode took longer than {EPISODE_TIMEOUT_S:.0f}s")
+                return Playthrough(error=f"TimeoutError: episode took longer than {EPISODE_TIMEOUT_S:.0f}s")
 
     async def one(task: dict[str, Any]) -> TaskReport:
         grader = BoundedGrader(as_verifier(spec.verifier), budget.grade_timeout_s, hung)

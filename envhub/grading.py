@@ -1,8 +1,8 @@
 """Admission's grading: every ``verify`` call bounded in time, and the re-grading check for state and randomness.
 
 **Bounded calls.** Each task gets one daemon worker thread that runs ``verify``; admission waits for each verdict
-at most ``grade_timeout_s``. A verifier that hangs yields a failed, marked score ("verifier hung"), its worker is
-abandoned (a daemon thread cannot hold the process open) and every later grading of the run is refused at once, so
+at most ``grade_timeout_s``. A verifier that hangs yields a failed score marked ``crashed`` ("verifier hung"), its
+worker is abandoned (a daemon thread cannot hold the process open) and every later grading of the run is refused at once, so
 a hanging verifier costs one timeout, not one per call.
 
 **Re-grading (the ``regrade`` check).** Grading is a pure function of ``(task, artifacts)`` or it is not trustworthy.
@@ -80,7 +80,7 @@ class BoundedGrader:
 
     def grade(self, task: dict[str, Any], artifacts: dict[str, Any]) -> Score:
         if self.hung.message:
-            return Score(0.0, False, {"error": f"verifier hung: not graded, an earlier call hung ({self.hung.message})"})
+            return Score.crash(f"verifier hung: not graded, an earlier call hung ({self.hung.message})")
         self.calls += 1
         box: list[Score] = []
         done = threading.Event()
@@ -88,7 +88,7 @@ class BoundedGrader:
         if not done.wait(self.timeout_s):
             self.hung.message = (f"verify() gave no verdict within {self.timeout_s:g}s on task "
                                  f"{task.get('task_id', '')!r}, artifacts {_short(artifacts)}")
-            return Score(0.0, False, {"error": f"verifier hung: {self.hung.message}"})
+            return Score.crash(f"verifier hung: {self.hung.message}")
         return box[0]
 
     def close(self) -> None:
@@ -96,9 +96,11 @@ class BoundedGrader:
 
 
 def crashed(score: Score) -> str | None:
-    """The crash or hang message of a marked score, else None."""
-    err = str(score.details.get("error", "")) if isinstance(score.details, dict) else ""
-    return err if err.startswith(("verifier crashed", "verifier hung")) else None
+    """The crash or hang message of a score marked ``crashed``, else None (read from the flag, never the text)."""
+    if not score.crashed:
+        return None
+    err = score.details.get("error") if isinstance(score.details, dict) else None
+    return str(err or "verifier crashed (no message)")
 
 
 def regrade(grader: BoundedGrader, task: dict[str, Any], golden: list[tuple[str, dict[str, Any]]],

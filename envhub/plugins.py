@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata as md
+import logging
 import sys
 try:
     import tomllib
@@ -25,6 +26,7 @@ from envhub import hookspecs
 from envhub.spec import EnvSpec
 
 GROUP = "envhub"
+log = logging.getLogger(__name__)
 
 
 class PluginError(Exception):
@@ -168,6 +170,11 @@ class Hub:
             if isinstance(e, KeyboardInterrupt):
                 raise
             self.errors[ref.id] = f"{ref.distribution} ({ref.module}): {type(e).__name__}: {e}"
+            error = f"{type(e).__name__}: {e}"
+            log.warning("plugin %s from distribution %s (module %s) failed to load: %s", ref.id, ref.distribution,
+                        ref.module, error, exc_info=(type(e), e, e.__traceback__),
+                        extra={"plugin": ref.id, "distribution": ref.distribution, "plugin_module": ref.module,
+                               "error": error})
 
     def get(self, env_id: str) -> EnvSpec:
         """The spec for ``env_id``, importing only the plugin that provides it."""

@@ -16,14 +16,31 @@ from envhub.env import Task
 @dataclass
 class Score:
     """A grade. ``reward`` is what the trainer sees; ``passed`` is the binary verdict (pass@k, admission);
-    ``details`` explains it (per-test results, the parsed answer, why it failed)."""
+    ``details`` explains it (per-test results, the parsed answer, why it failed).
+
+    ``crashed`` is True when there is no verdict: envhub made this score because the verifier raised, returned
+    something other than a ``Score``, or hung past its time limit (:func:`safe_verify`, :func:`averify`,
+    ``envhub.grading``); ``details["error"]`` then says what happened. A reward of 0 with ``crashed`` is a broken
+    grader, not a wrong answer: the rollout service marks the episode failed, admission calls the verifier unfit.
+    Consumers read this flag, never the text of ``details``, which a verifier may fill with agent-written strings.
+    """
 
     reward: float
     passed: bool
     details: dict[str, Any] = field(default_factory=dict)
+    crashed: bool = False
+
+    @classmethod
+    def crash(cls, error: str) -> Score:
+        """The score that stands in for a verdict the verifier did not give (reward 0, ``crashed``)."""
+        return cls(0.0, False, {"error": error}, crashed=True)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"reward": self.reward, "passed": self.passed, "details": self.details}
+        return {"reward": self.reward, "passed": self.passed, "details": self.details, "crashed": self.crashed}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Score:
+        return cls(float(d["reward"]), bool(d["passed"]), dict(d.get("details") or {}), bool(d.get("crashed", False)))
 
 
 @runtime_checkable
@@ -36,7 +53,7 @@ class FunctionVerifier:
 
     A ``bool`` means pass/fail with reward 1/0; a ``float`` is the reward, passed when it reaches ``pass_threshold``.
     ``blocking=False`` says ``fn`` is quick pure Python (an answer comparison): the executor then grades inline
-    instead of in a worker thread, whose hop (~100 µs) would cost more than the grading (see :func:`averify`).
+    instead of in a worker thread, whose hop would cost more than the grading (see :func:`averify`).
     """
 
     def __init__(self, fn: Callable[[Task, dict[str, Any]], Score | float | bool], pass_threshold: float = 1.0,
@@ -70,6 +87,7 @@ class WeightedVerifier:
             reward=sum(s.reward * w for s, w in scores),
             passed=all(s.passed for s, w in scores if w > 0),
             details={"parts": [dict(s.to_dict(), weight=w) for s, w in scores]},
+            crashed=any(s.crashed for s, _ in scores),  # a part without a verdict leaves the sum without one
         )
 
 
@@ -79,14 +97,11 @@ def as_verifier(v: Verifier | Callable[[Task, dict[str, Any]], Any]) -> Verifier
 
 
 def safe_verify(verifier: Verifier, task: Task, artifacts: dict[str, Any]) -> Score:
-    """Run a verifier; a crash becomes a failed, marked Score instead of an exception."""
+    """Run a verifier; a crash becomes a failed Score marked ``crashed`` instead of an exception."""
     try:
-        score = verifier.verify(task, artifacts or {})
-        if not isinstance(score, Score):
-            raise TypeError(f"verify() returned {type(score).__name__}, expected Score")
-        return score
+        return _checked(verifier.verify(task, artifacts or {}), "verify")
     except Exception as e:
-        return Score(0.0, False, {"error": f"verifier crashed: {type(e).__name__}: {e}"})
+        return Score.crash(f"verifier crashed: {type(e).__name__}: {e}")
 
 
 async def averify(verifier: Verifier, task: Task, artifacts: dict[str, Any]) -> Score:
@@ -94,9 +109,15 @@ async def averify(verifier: Verifier, task: Task, artifacts: dict[str, Any]) -> 
     ``blocking = False`` (like ``TextEnv.blocking``), else in a worker thread so a slow grader never blocks the loop."""
     if hasattr(verifier, "averify"):
         try:
-            return await verifier.averify(task, artifacts or {})
+            return _checked(await verifier.averify(task, artifacts or {}), "averify")
         except Exception as e:
-            return Score(0.0, False, {"error": f"verifier crashed: {type(e).__name__}: {e}"})
+            return Score.crash(f"verifier crashed: {type(e).__name__}: {e}")
     if getattr(verifier, "blocking", True) is False:
         return safe_verify(verifier, task, artifacts)
     return await asyncio.to_thread(safe_verify, verifier, task, artifacts)
+
+
+def _checked(score: Any, method: str) -> Score:
+    if not isinstance(score, Score):
+        raise TypeError(f"{method}() returned {type(score).__name__}, expected Score")
+    return score

@@ -43,3 +43,13 @@ def bwrap_why_not() -> str | None:
                         "usr/bin", "/bin", "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64",
                         "true"], capture_output=True, text=True)
     return None if r.returncode == 0 else f"bwrap cannot create namespaces here: {r.stderr.strip()}"
+
+
+def load_trajectories(path: str | Path) -> list:
+    """Trajectories from a run directory (``rollout --out``) or anything ``iter_trajectories`` reads (a
+    ``save_to_disk`` directory, JSON lines)."""
+    from envhub.cli.runs import TRAJECTORIES, is_run
+    from envhub.rollout.fidelity import iter_trajectories
+
+    path = Path(path)
+    return list(iter_trajectories(path / TRAJECTORIES if is_run(path) else path))

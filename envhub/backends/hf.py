@@ -68,8 +68,8 @@ class HFBackend(LLMBackend):
         attn_implementation: passed to ``from_pretrained``; ``"eager"`` by default because it keeps left-padded
             rows finite (no fully masked softmax rows) and is as fast as SDPA for tiny CPU batches.
         num_threads: when given, ``torch.set_num_threads(num_threads)`` (process-wide). A tiny model gains
-            nothing from more threads, and on a busy machine OpenMP threads spinning for a core made it 7x slower
-            here (measured: 50 steps, batch 8: 1.9 s with 2 threads vs 0.27 s with 1, load average 5 on 2 cores).
+            nothing from more threads, and on a busy machine OpenMP threads spinning for a core made it several
+            times slower (batch 8 on two loaded cores: two threads against one).
     """
 
     name = "hf"

@@ -37,6 +37,7 @@ class _Session:
     task: Any
     messages: list
     codec: Any
+    policy: Any
 
 
 class ScriptedBackend(LLMBackend):
@@ -58,11 +59,15 @@ class ScriptedBackend(LLMBackend):
 
     # ---- sessions ---------------------------------------------------------------------------------------------
     def open_session(self, session_id: str, *, task: Any = None, messages: list | None = None, codec: Any = None) -> None:
+        self._open(session_id, self.policy, task, messages, codec)
+
+    def _open(self, session_id: str, policy: Any, task: Any, messages: list | None, codec: Any) -> None:
+        """Open a session that ``policy`` plays (a subclass may pick the policy per session)."""
         codec = codec if codec is not None else self.codec
         if codec is None:
             raise ValueError("ScriptedBackend.open_session needs a codec (the ChatCodec that renders actions)")
         # keep the caller's list object itself: the executor appends to it, and the policy must see those appends
-        self._sessions[session_id] = _Session(task, messages if messages is not None else [], codec)
+        self._sessions[session_id] = _Session(task, messages if messages is not None else [], codec, policy)
 
     def close_session(self, session_id: str) -> None:
         self._sessions.pop(session_id, None)
@@ -79,7 +84,7 @@ class ScriptedBackend(LLMBackend):
                 f"ScriptedBackend: unknown session {session_id!r}; call open_session(session_id, task=..., "
                 "messages=..., codec=...) before generate (the executor does this)"
             )
-        action = Action.coerce(self.policy(session.task, session.messages))
+        action = Action.coerce(session.policy(session.task, session.messages))
         text = session.codec.render_action(action)
         codec = session.codec
         # the codec's own encoder when it has one (ChatCodec's fast path gives the tokenizer's ids: rollout.encoding)

@@ -81,7 +81,8 @@ def default_tokenizer() -> str:
 
 
 def save_trajectories(trajs, out: str | Path) -> Path:
-    """Save as a Hugging Face ``datasets`` dataset (``save_to_disk``); ``envhub.cli.rollout.load_trajectories`` reads it back."""
+    """Save as a Hugging Face ``datasets`` dataset (``save_to_disk``); ``envhub.rollout.fidelity.iter_trajectories``
+    reads it back."""
     import datasets
 
     out = Path(out)

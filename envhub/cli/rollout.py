@@ -26,21 +26,6 @@ def summary_table(title: str, stats: dict[str, Any]) -> Table:
     return table
 
 
-def load_trajectories(path: str | Path):
-    """Trajectories from a run directory (``rollout --out``), a ``save_to_disk`` directory or a JSON-lines file."""
-    from envhub.cli.runs import is_run, read_lines
-    from envhub.rollout.trajectory import Trajectory
-
-    path = Path(path)
-    if is_run(path):
-        return [Trajectory.from_dict(d) for d in read_lines(path)]
-    if path.is_dir():
-        import datasets
-
-        return [Trajectory.from_row(r) for r in datasets.load_from_disk(str(path))]
-    return [Trajectory.from_dict(json.loads(line)) for line in path.read_text().splitlines() if line.strip()]
-
-
 MODEL_NAMES = ("golden", "smollm2", "tiny", "tiny-llama3")
 FAILED = ("error", "timeout")  # outcomes that count against --max-errors (a cut by length/turns is a result)
 

@@ -1,7 +1,7 @@
 """``TextEncoder``: text -> token ids exactly as ``tokenizer.encode(text, add_special_tokens=False)``, but fast.
 
-The executor tokenizes every env reply (and every prompt). Through the Rust ``tokenizers`` pipeline that costs ~1 µs
-per word plus ~3 µs per special token, about half of a whole turn. For the byte-level BPE tokenizers most chat models
+The executor tokenizes every env reply (and every prompt). Through the Rust ``tokenizers`` pipeline that is a large
+share of a turn's own work (``benchmarks/executor_overhead.py``). For the byte-level BPE tokenizers most chat models
 use, this module gets the same ids in a fraction of that by following the pipeline's own structure:
 
 1. **Added tokens split the text first.** The pipeline cuts the raw text at every added token (``<|im_start|>``,
@@ -190,7 +190,8 @@ def _decoder(tokenizer: Any) -> Callable[[list[int]], str]:
     if backend is None or not hasattr(backend, "decode"):
         return slow
     fast = lambda ids: backend.decode(ids, skip_special_tokens=False)  # noqa: E731
-    sample = list(range(256)) + list(getattr(tokenizer, "all_special_ids", []) or [])  # (len() can take 80 ms)
+    # a sample (the first 256 ids and the special ones), not every id: len(tokenizer) is slow on some tokenizers
+    sample = list(range(256)) + list(getattr(tokenizer, "all_special_ids", []) or [])
     try:
         return fast if fast(sample) == slow(sample) else slow  # the raw pipeline only when it agrees
     except Exception:

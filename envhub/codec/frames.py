@@ -1,6 +1,7 @@
 """Template frames: the delta text of an env reply without running the chat template.
 
-Running a Jinja chat template costs ~100-200 µs even on a short window; the executor needs the env's reply
+Running a Jinja chat template costs far more than joining a few strings, even on a short window
+(``benchmarks/executor_overhead.py`` measures the executor's per-turn work); the executor needs the env's reply
 rendered every turn. For most templates an env message renders as fixed text around its content
 (``<|im_start|>user\\n`` + content + ``<|im_end|>\\n`` ...). A :class:`Frame` learns that fixed text once per *shape*
 of reply (the roles and keys of the new messages, whether the model's turn ended on its end-of-turn token, whether

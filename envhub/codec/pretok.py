@@ -4,7 +4,8 @@ A byte-level BPE tokenizer (GPT-2, Llama-3, Qwen2, SmolLM...) turns a text segme
 splits it into pre-tokens ("words"), each word's bytes are mapped to printable characters, and the BPE model turns each
 word into ids on its own, without looking at its neighbours. The last two steps are a function of the word alone, so
 their result can be cached per word (``envhub.codec.encoding`` does). The first is where the Rust pipeline spends
-its time: ~1 µs per word through Oniguruma and offset bookkeeping, against ~0.1 µs for Python's ``re``.
+its time: Oniguruma and offset bookkeeping cost several times what Python's ``re`` does per word (what the executor
+spends per turn is measured by ``benchmarks/executor_overhead.py``).
 
 Python's ``re`` is not Oniguruma, so the regex is only run here where the two provably agree:
 

@@ -36,6 +36,7 @@ from typing import Any
 
 from envhub.gateway.builders import build
 from envhub.gateway.core import Gateway
+from envhub.failurelog import log_failure
 from envhub.harness.presets import HARNESS_DIR, HOME, Preset, get_preset
 from envhub.rollout.trajectory import Trajectory
 
@@ -103,12 +104,18 @@ class HarnessRunner:
             env_kwargs: dict | None = None) -> list[Trajectory]:
         """One whole episode (INIT, RUN, EVAL); the session's trajectories, main chain first."""
         ep = self.episode(spec, harness, task, timeout_s=timeout_s, max_calls=max_calls, env_kwargs=env_kwargs)
+        stage = "init"
         try:
             ep.init_sync()
+            stage = "run"
             ep.run_sync()
+            stage = "eval"
             ep.evaluate_sync()
-        except Exception as e:
-            ep.fail("error", f"{type(e).__name__}: {e}")
+        except Exception as e:  # the trajectory is marked; the traceback goes to the log, once
+            error = f"{type(e).__name__}: {e}"
+            ep.fail("error", error)
+            log_failure(log, str(getattr(ep.session, "session_id", "") or "-"), stage, spec.id, ep.task_id, error,
+                        exc_info=True)
         finally:
             ep.close_sync()
         return ep.trajectories
@@ -176,6 +183,7 @@ class HarnessEpisode:
         self.trajectories: list[Trajectory] = []
         self.session: Any = None
         self.instructions, self.exit_info, self.artifacts = "", {}, {}
+        self.score: Any = None  # the verifier's Score, after EVAL
         self.metrics: dict[str, float] = {}
         self._t0 = time.perf_counter()
 
@@ -236,7 +244,7 @@ class HarnessEpisode:
         from envhub.verifier import safe_verify
 
         t0 = time.perf_counter()
-        score = safe_verify(self.spec.verifier, self.task, self.artifacts)
+        self.score = score = safe_verify(self.spec.verifier, self.task, self.artifacts)
         self.metrics["eval_s"] = round(time.perf_counter() - t0, 3)
         gw, session = self.runner.gateway, self.session
         if any(c.ok for c in session.calls):

@@ -24,10 +24,11 @@ from typing import Any
 
 from envhub.backends.base import LLMBackend
 from envhub.env import Message, Task, TextEnv
+from envhub.failurelog import log_failure
 from envhub.rollout.request import RolloutConfig, RolloutRequest, TaskIndex
 from envhub.rollout.trajectory import Trajectory
 from envhub.spec import EnvSpec
-from envhub.verifier import averify
+from envhub.verifier import Score, averify
 
 log = logging.getLogger(__name__)
 
@@ -57,11 +58,16 @@ class Episode:
         # sampled (the ProRL reply's per-message token fields are cut along these, envhub.service.prorl)
         self.turns: list[tuple[int, int, int]] = []
         self.artifacts: dict[str, Any] | None = None
+        self.score: Score | None = None  # the verifier's, after EVAL (``score.crashed``: the grader gave no verdict)
         self.traj = Trajectory(env_id=spec.id, task_id=str(task.get("task_id", "")),
                                policy_version=self.config.policy_version)
         self.traj.metrics.update(init_s=0.0, run_s=0.0, eval_s=0.0, gen_s=0.0, env_s=0.0)
         self._session_open = False
         self._sampled_eos = False
+        # a stage's exception: logged here (one record, envhub.failurelog) unless the runner logs failures itself
+        # (the rollout service does, once per job, with its job id)
+        self.exception: BaseException | None = None
+        self.log_failures = True
 
     # ---- stages ------------------------------------------------------------------------------------------------
     async def init(self) -> None:
@@ -108,7 +114,7 @@ class Episode:
         if self.failed or self.artifacts is None:
             return
         async with self._stage("eval_s"):
-            score = await averify(self.spec.verifier, self.task, self.artifacts)
+            self.score = score = await averify(self.spec.verifier, self.task, self.artifacts)
             self.traj.reward = score.reward + sum(self.traj.step_rewards)
             self.traj.passed = score.passed
             self.traj.details["score"] = score.details
@@ -242,13 +248,16 @@ class _Stage:
         self.episode.traj.metrics[self.metric] += time.perf_counter() - self.t0
         if exc is None or isinstance(exc, asyncio.CancelledError):
             return False
-        stage = self.metric.removesuffix("_s").upper()
-        traj = self.episode.traj
+        stage = self.metric.removesuffix("_s")
+        ep, traj = self.episode, self.episode.traj
         # the traceback goes to the log, not the trajectory: trajectories travel to clients and trainers, and a
         # traceback carries host paths and source lines
-        log.error("%s/%s failed in %s: %s: %s", traj.env_id, traj.task_id, stage, type(exc).__name__, exc,
-                  exc_info=(exc_type, exc, tb))
-        self.episode.fail("error", f"{stage}: {type(exc).__name__}: {exc}")
+        if not ep.failed:
+            ep.exception = exc
+            if ep.log_failures:
+                log_failure(log, ep.session_id, stage, traj.env_id, traj.task_id, f"{type(exc).__name__}: {exc}",
+                            exc_info=(exc_type, exc, tb))
+        ep.fail("error", f"{stage.upper()}: {type(exc).__name__}: {exc}")
         return True  # swallowed: the failure is in the trajectory
 
 

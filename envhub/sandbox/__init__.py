@@ -12,11 +12,13 @@ fields and ``docs/sandbox.md`` for the design.
 """
 from __future__ import annotations
 
+import logging
+
 from envhub.sandbox.base import (ExecResult, Runtime, RuntimeUnavailable, Sandbox, SandboxError, SandboxSpec,
                                  ServerError, ServerHung, ServerRestarted)
-from envhub.sandbox.pool import PoolGroup, SandboxPool
+from envhub.sandbox.pool import SandboxPool
 
-__all__ = ["ExecResult", "PoolGroup", "Runtime", "RuntimeUnavailable", "Sandbox", "SandboxError", "SandboxPool",
+__all__ = ["ExecResult", "Runtime", "RuntimeUnavailable", "Sandbox", "SandboxError", "SandboxPool",
            "SandboxSpec", "ServerError", "ServerHung", "ServerRestarted", "available_runtimes", "get_runtime",
            "live_sandboxes", "start"]
 
@@ -31,16 +33,20 @@ def _builtin() -> dict[str, type[Runtime]]:
 
 
 def _plugin_runtimes() -> dict[str, type[Runtime]]:
-    """Runtimes registered by plugins (``envhub_sandbox_runtimes`` hook). Only already-loaded plugins are asked."""
-    try:
-        from envhub.plugins import default_hub
+    """Runtimes registered by plugins (``envhub_sandbox_runtimes`` hook). Only already-loaded plugins are asked; one
+    whose hook raises is left out and named in the log, the others' runtimes still count."""
+    from envhub.plugins import default_hub
 
-        found: dict[str, type[Runtime]] = {}
-        for result in default_hub().pm.hook.envhub_sandbox_runtimes():
-            found.update(result or {})
-        return found
-    except Exception:
-        return {}
+    found: dict[str, type[Runtime]] = {}
+    for impl in reversed(default_hub().pm.hook.envhub_sandbox_runtimes.get_hookimpls()):  # pluggy's call order
+        try:
+            found.update(impl.function() or {})
+        except Exception as e:
+            error = f"{type(e).__name__}: {e}"
+            logging.getLogger(__name__).warning(
+                "plugin %s: its envhub_sandbox_runtimes hook raised %s", impl.plugin_name, error, exc_info=True,
+                extra={"plugin": impl.plugin_name, "hook": "envhub_sandbox_runtimes", "error": error})
+    return found
 
 
 def available_runtimes() -> dict[str, bool]:

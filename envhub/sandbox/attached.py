@@ -1,11 +1,11 @@
 """The host's own line to a sandbox's persistent bash: a copy of the shell's pty master, handed over by the action
 server, on which the host types short commands itself.
 
-Why: a request through the action server costs two extra process wake-ups (host → server, server → host). On the
-2-core VMs we measured, that is ~60–80 µs, more than the shell's own work for a builtin (~50–100 µs), so every
-command paid twice what a local pty costs. With the master in hand, the host does exactly what the server would do
-(type ``[eval '] <command> ['] <&99; <sentinel>``, read until the sentinel: :func:`.agent.bash.roundtrip`), and the
-server is not woken at all.
+Why: a request through the action server costs two extra process wake-ups (host → server, server → host), about
+as much as the shell's own work for a builtin, so every command paid twice what a local pty costs
+(``benchmarks/tools_latency.py`` measures the round trip against a bare pty). With the master in hand, the host
+does exactly what the server would do (type ``[eval '] <command> ['] <&99; <sentinel>``, read until the sentinel:
+:func:`.agent.bash.roundtrip`), and the server is not woken at all.
 
 The action server still owns the shell: it starts it (and starts a new one when it died), interrupts a command that
 timed out (it can signal the shell's foreground process group inside the sandbox's pid namespace), and runs long or

@@ -285,17 +285,6 @@ class Sandbox:
 
     # ---- lifecycle ------------------------------------------------------------------------------------------------
     @property
-    def host_workspace(self) -> str | None:
-        """The workspace as a host directory (read it after the run, e.g. for a diff), or None for a tmpfs one.
-        It is deleted by :meth:`stop`. Everything in it was written by the sandbox: read it without following
-        symlinks (``os.open(..., O_NOFOLLOW)``, ``os.walk(followlinks=False)``, ``git`` inside the sandbox), or
-        better, through the sandbox (``read_file``, ``exec``), as the shipped graders do."""
-        if self.spec.workspace_size_mb and self.runtime != "local":
-            return None
-        path = self.workdir if self.runtime == "local" else os.path.join(self.state_dir, "workspace")
-        return path if os.path.isdir(path) else None
-
-    @property
     def alive(self) -> bool:
         return not self.stopped
 

@@ -1,4 +1,4 @@
-"""The default runtime: bubblewrap (``bwrap``), rootless, no daemon, ~2 ms to a running sandbox.
+"""The default runtime: bubblewrap (``bwrap``), rootless, no daemon (``benchmarks/sandbox_start.py`` times a start).
 
 What a sandbox gets (see :func:`bwrap_argv`):
 

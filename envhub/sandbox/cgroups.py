@@ -137,21 +137,6 @@ class SandboxCgroups:
                 pass
         return out
 
-    def oom_kills(self) -> int:
-        """How many processes the kernel's OOM killer took in this sandbox (0 when unknown)."""
-        d, version = self.dirs.get("memory", (None, 0))
-        if d is None:
-            return 0
-        try:
-            text = _read(d, "memory.oom_control" if version == 1 else "memory.events")
-        except OSError:
-            return 0
-        for line in text.splitlines():
-            key, _, value = line.partition(" ")
-            if key == "oom_kill":
-                return int(value)
-        return 0
-
     def remove(self) -> bool:
         """Remove the cgroup directories (they must be empty). Returns True when all are gone."""
         ok = True

@@ -9,7 +9,8 @@ empty (a burst), ``acquire`` starts one itself rather than wait for the refill t
     ...; sb.stop()
     pool.close()                 # stops the sandboxes still waiting in the pool
 
-:class:`PoolGroup` keeps one pool per distinct spec and is a drop-in ``ToolEnv.sandbox_factory``.
+For several specs, :class:`envhub.service.sandboxes.SandboxProvider` keeps one pool per spec that repeats (bounded,
+closed when idle) and is itself a ``ToolEnv.sandbox_factory``.
 """
 from __future__ import annotations
 
@@ -116,31 +117,3 @@ class SandboxPool:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-class PoolGroup:
-    """One :class:`SandboxPool` per distinct spec, made on first use: ``env.sandbox_factory = PoolGroup(size=2)``."""
-
-    def __init__(self, size: int = 2, starter: Callable[[SandboxSpec], Sandbox] | None = None,
-                 warm_shell: bool = True):
-        self.size, self.starter, self.warm_shell = size, starter, warm_shell
-        self.pools: dict[str, SandboxPool] = {}
-        self._lock = threading.Lock()
-
-    def pool(self, spec: SandboxSpec) -> SandboxPool:
-        key = spec.key()
-        with self._lock:
-            if key not in self.pools:
-                self.pools[key] = SandboxPool(spec, self.size, self.starter, self.warm_shell)
-            return self.pools[key]
-
-    def acquire(self, spec: SandboxSpec) -> Sandbox:
-        return self.pool(spec).acquire()
-
-    __call__ = acquire
-
-    def close(self) -> None:
-        with self._lock:
-            pools, self.pools = list(self.pools.values()), {}
-        for p in pools:
-            p.close()

@@ -31,6 +31,10 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
+from envhub.training.advantages import dapo_keep
+
+TOL = 1e-9
+
 
 @dataclass
 class Group:
@@ -47,8 +51,10 @@ class Group:
 
     @property
     def informative(self) -> bool:
+        """DAPO's keep rule (:func:`envhub.training.advantages.dapo_keep`, the one the trainers use): rewards not
+        all equal. Rewards closer than ``TOL`` count as equal (float noise of summed step rewards)."""
         r = self.rewards
-        return bool(r) and max(r) - min(r) > 1e-9
+        return bool(r) and dapo_keep(r, group_size=len(r), tol=TOL)[0]
 
 
 @dataclass(eq=False)

@@ -3,8 +3,9 @@
 A job's error reaches whoever sent ``/process`` (a trainer, possibly a policy's own tooling) and is stored in the
 trajectory. It carries the stage and the exception's message, never a traceback: tracebacks hold host paths, source
 lines and the layout of the node. Host paths inside a message (a ``FileNotFoundError`` naming the venv, a sandbox
-state directory) are replaced by ``<host>``. The full traceback goes to the ``envhub.service`` logger with the job
-id, stage and env id, so an operator can find it.
+state directory) are replaced by ``<host>``. The full text and traceback go to the ``envhub.service`` logger, one
+record per failed job with its job id, stage, env id and task id (:func:`log_job_failure`), so an operator can
+find it.
 """
 from __future__ import annotations
 
@@ -38,9 +39,21 @@ def scrub(text: str) -> str:
 
 
 def job_failure(job: Any, stage: str, e: BaseException, what: str = "") -> str:
-    """Log ``e`` in full for the operator; return the one-line text the client gets (``STAGE: [what: ]Type: msg``)."""
-    env_id = getattr(getattr(job, "spec", None), "id", None)
-    log.error("job %s (env %s) failed in %s: %s%s: %s", getattr(job, "id", "?"), env_id, stage.upper(), what,
-              type(e).__name__, e, exc_info=(type(e), e, e.__traceback__))
+    """The one-line text the client gets for ``e`` (``STAGE: [what: ]Type: msg``, host paths scrubbed). ``e`` is
+    kept on the job, so the one log record of the job's failure (:func:`log_job_failure`) has its traceback."""
+    if getattr(job, "exception", None) is None:
+        job.exception = e
     prefix = f"{what}: " if what else ""
     return f"{stage.upper()}: {prefix}{type(e).__name__}: {scrub(str(e))}"
+
+
+def log_job_failure(job: Any, stage: str, *, level: int = logging.ERROR) -> None:
+    """Log the failure of ``job`` once, for the operator: job id, stage, env id, task id and the error in the message
+    and as the record's fields (:mod:`envhub.failurelog`), with the traceback when an exception caused it."""
+    from envhub.failurelog import log_failure
+
+    ep = job.episode
+    exc = getattr(job, "exception", None) or getattr(ep, "exception", None)
+    task_id = str((getattr(job, "task", None) or {}).get("task_id", "") or ep.traj.task_id)
+    log_failure(log, job.id, stage, job.spec.id, task_id, str(ep.traj.error), level=level,
+                exc_info=(type(exc), exc, exc.__traceback__) if exc is not None else None)

@@ -110,6 +110,7 @@ class Job:
     current: asyncio.Task | None = None  # the stage task running now (cancel() cancels it)
     discarded: bool = False  # cancelled or stopped: workers skip it, its stage is being torn down
     failed_stage: str | None = None  # "init" | "run" | "eval": where an error happened
+    exception: BaseException | None = None  # what caused the error, when the pipeline caught it (for the log)
     sandboxes: Any = None  # envhub.service.sandboxes.JobSandboxes
     notes: dict[str, Any] = field(default_factory=dict)  # ignored request keys etc., reported in details
     body: bytes | None = None  # the encoded reply, once finished

@@ -28,12 +28,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
 from envhub.fdlimit import raise_nofile_limit
-from envhub.service.errors import job_failure, log
-from envhub.service.golden import CURRENT_SPEC
+from envhub.service.errors import job_failure, log, log_job_failure, scrub
 from envhub.service.jobs import STAGES, Job, State, result_dict
 from envhub.service.sandboxes import JobSandboxes, SandboxProvider, stop_all_live
 
@@ -121,6 +121,7 @@ class Pipeline:
         if not self.running:
             raise RuntimeError("the pipeline is not running")
         job.sandboxes = JobSandboxes(self.sandboxes)
+        job.episode.log_failures = False  # the pipeline logs each failed job once, with its job id (_run_stage)
         self.jobs[job.id] = job
         self.counts["submitted"] += 1
         self._enqueue(job, "init")
@@ -161,7 +162,11 @@ class Pipeline:
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # a bug of ours must not kill the worker: the job still gets an answer
-                job.episode.fail("error", job_failure(job, job.stage or "service", e, "envhub service"))
+                if job.episode.failed:  # its failure is logged already; our bug still is, on its own
+                    log.error("job %s: the envhub service raised after the job ended", job.id, exc_info=e)
+                else:
+                    job.episode.fail("error", job_failure(job, job.stage or "service", e, "envhub service"))
+                    log_job_failure(job, job.stage or stage)
                 await self._finish(job)
 
     async def _run_stage(self, job: Job, stage: str) -> None:
@@ -172,12 +177,7 @@ class Pipeline:
         job.state = _STATE[stage]
         self._active[stage].add(job)
         job.timer.enter(stage)
-        token = CURRENT_SPEC.set(job.spec)  # the stage task copies this context: GoldenBackend reads it
-        try:
-            job.current = asyncio.create_task(self._stage_coro(job, stage))
-        finally:
-            CURRENT_SPEC.reset(token)
-        task = job.current
+        task = job.current = asyncio.create_task(self._stage_coro(job, stage))
         try:
             done, _ = await asyncio.wait({task}, timeout=remaining)
             if not done:
@@ -195,11 +195,14 @@ class Pipeline:
             self._active[stage].discard(job)
         if ep.traj.finish_reason == "error" and job.failed_stage is None:
             job.failed_stage = stage
+            log_job_failure(job, stage)  # the one record of this job's failure, whatever caused it
 
     def _timeout(self, job: Job, stage: str) -> None:
         job.timer.timeout_triggered = True
-        job.episode.fail("timeout", f"the job's timeout of {job.timer.timeout:g}s (time inside stages) ran out "
-                                    f"during {stage.upper()}")
+        if not job.episode.failed:
+            job.episode.fail("timeout", f"the job's timeout of {job.timer.timeout:g}s (time inside stages) ran "
+                                        f"out during {stage.upper()}")
+            log_job_failure(job, stage, level=logging.WARNING)
 
     async def _stage_coro(self, job: Job, stage: str) -> None:
         ep = job.episode
@@ -215,11 +218,12 @@ class Pipeline:
             await ep.run()
         else:
             await ep.evaluate()
-            crash = (ep.traj.details.get("score") or {}).get("error")
-            if isinstance(crash, str) and crash.startswith("verifier crashed"):
+            score = ep.score
+            if score is not None and score.crashed:
                 # safe_verify turned the crash into reward 0; for a trainer that is a broken grader, not a wrong
-                # answer: mark it, so ProRL's `filter` keeps the sample out of training
-                ep.fail("error", f"EVAL: {crash}")
+                # answer: mark it, so ProRL's `filter` keeps the sample out of training. The flag, never the text:
+                # a verifier may put agent-written strings in its details.
+                ep.fail("error", f"EVAL: {scrub(str(score.details.get('error') or 'the verifier crashed'))}")
 
     def _make_env(self, job: Job) -> Any:
         cfg = job.episode.config

@@ -115,11 +115,12 @@ def encode_with_shared_contexts(result: dict[str, Any], dumps: Any) -> str:
     ``prompt_ids + response_ids``.
 
     ``input_ids`` repeat the growing context at every turn, so a long multi-turn reply holds turns x context ids;
-    encoding each list again costs ~16x the flat reply's time on a 40-turn, 8k-token trajectory
-    (``benchmarks/prorl_reply.py``). Each is a prefix of the context, so its JSON text is a prefix of the context's
-    JSON text (cut at a comma): the context is encoded once and the prefixes are sliced from it. A message whose
-    ``input_ids`` is not such a prefix is encoded as it is. The placeholders carry a random nonce, so no content
-    an env or a model wrote can be taken for one. With fewer than two ``input_ids`` it is plain ``dumps``.
+    encoding each list again costs many times the flat reply's time on a long trajectory
+    (``benchmarks/prorl_reply.py`` prints the ratio). Each is a prefix of the context, so its JSON text is a prefix
+    of the context's JSON text (cut at a comma): the context is encoded once and the prefixes are sliced from it. A
+    message whose ``input_ids`` is not such a prefix is encoded as it is. The placeholders carry a random nonce, so
+    no content an env or a model wrote can be taken for one. With fewer than two ``input_ids`` it is plain
+    ``dumps``.
     """
     messages = result.get("messages")
     context = (result.get("prompt_ids") or []) + (result.get("response_ids") or [])

@@ -73,12 +73,6 @@ class SandboxProvider:
         finally:
             lifecycle.release()
 
-    def prewarm(self, spec: Any) -> None:
-        """Keep ``pool_size`` sandboxes of ``spec`` ready from now on (``envhub serve --prewarm ENV``)."""
-        if self.pool_size > 0:
-            with self._lock:
-                self._pool_for(spec.key(), spec)
-
     def acquire(self, spec: Any) -> Any:
         """A started sandbox for ``spec``: from its pool when it has one, else started now. Thread-safe."""
         key = spec.key()
@@ -104,6 +98,8 @@ class SandboxProvider:
         for p in evicted:  # outside the lock: stopping sandboxes takes a while
             p.close()
         return pool.acquire() if pool is not None else self._start(spec)
+
+    __call__ = acquire  # a ``ToolEnv.sandbox_factory`` (``spec -> Sandbox``) in its own right, outside the service
 
     def _pool_for(self, key: str, spec: Any) -> Any:
         entry = self._pools.pop(key, None)

@@ -258,13 +258,13 @@ class RolloutService:
     # ---- backends -----------------------------------------------------------------------------------------------
     def add_backend(self, backend: Any, api: str = "completions") -> tuple[str, bool]:
         """Add an ``LLMBackend``, a server URL, or ``"golden"``; returns ``(name, added)`` (False: already there)."""
+        from envhub.service.golden import GoldenBackend
+
         if isinstance(backend, str):
             if backend == "golden":
                 if "golden" in self.pool.backends:
                     return "golden", False
-                from envhub.service.golden import GoldenBackend
-
-                return self.pool.add(GoldenBackend(), name="golden"), True
+                return self.pool.add(GoldenBackend(self._job_spec), name="golden"), True
             from envhub.backends import make_backend
 
             if not backend.removeprefix("sglang+").startswith(("http://", "https://")):
@@ -279,7 +279,16 @@ class RolloutService:
                 raise ServiceError(422, f"address: {backend!r} is not one token-id server (http(s)://host:port)")
             if backend.address in self.pool.backends:
                 return backend.address, False
+        if isinstance(backend, GoldenBackend) and backend.spec_of is None:
+            backend.spec_of = self._job_spec  # built by the caller (a test's subclass): it plays this service's jobs
         return self.pool.add(backend), True
+
+    def _job_spec(self, session_id: str) -> Any:
+        """The env of the job whose rollout session this is (the golden backend plays its golden)."""
+        job = self.pipeline.jobs.get(session_id)
+        if job is None:
+            raise RuntimeError(f"session {session_id!r} is not a job of this rollout service")
+        return job.spec
 
     def clear_backends(self) -> list[str]:
         names = list(self.pool.backends)

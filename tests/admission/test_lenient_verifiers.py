@@ -11,6 +11,7 @@ import pytest
 import envhub
 from envhub.admission import admit
 from envhub.grading import Budget
+from envhub.verifier import Score
 
 sys.path.insert(0, str(Path(__file__).parent))
 from lenient_envs import EXPECTED, FIXTURES, make_hangs, make_no_hack_probes  # noqa: E402
@@ -36,6 +37,38 @@ def test_unicode_crash_names_the_exception():
     report = admit(FIXTURES["unicode-minus-crash"]())
     reason = next(r for r in report.unfit_reasons if r.startswith("probe:unicode-minus"))
     assert "verifier crashed: ValueError: invalid literal for int()" in reason
+
+
+def test_a_sound_verifier_whose_failure_text_reads_like_a_crash_is_fit():
+    """A crash is the ``Score.crashed`` flag, not its text: a sound verifier that words its wrong-answer verdicts
+    "verifier crashed: ..." (or echoes an agent's answer that does) is admitted."""
+    from lenient_envs import text_spec
+
+    from envhub.scaffold_template import text_env as T
+
+    def verify(task, a):
+        s = T.verify(task, a)
+        return s if s.passed else Score(0.0, False, {"error": f"verifier crashed: fake ({s.details.get('reason')})"})
+
+    report = admit(text_spec("sound-crash-text", verify), n=2)
+    assert report.fit and report.passed == 2, report.unfit_reasons
+
+
+def test_a_verifier_raising_on_wrong_answers_is_unfit_whatever_its_message():
+    from lenient_envs import text_spec
+
+    from envhub.scaffold_template import text_env as T
+
+    def verify(task, a):
+        s = T.verify(task, a)
+        if not s.passed:
+            raise LookupError("reward 0.0")  # nothing in it says "crash"
+        return s
+
+    report = admit(text_spec("raises-on-wrong", verify), n=2)
+    assert not report.fit
+    assert any(r.startswith("noop") and "verifier crashed: LookupError: reward 0.0" in r
+               for r in report.unfit_reasons), report.unfit_reasons
 
 
 def test_a_hanging_verifier_is_unfit_not_a_hung_admission():

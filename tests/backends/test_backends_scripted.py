@@ -110,22 +110,25 @@ async def test_unknown_session_and_bad_policy_are_clear_errors(codec):
         backend.open_session("s", task={}, messages=[])
 
 
-async def test_golden_backend_plays_the_env_of_the_current_job(codec):
-    """The service's GoldenBackend is a ScriptedBackend whose policy is the golden of the job in CURRENT_SPEC."""
+async def test_golden_backend_plays_the_env_of_each_session(codec):
+    """The service's GoldenBackend plays, in each session, the golden of the env ``spec_of(session_id)`` names (the
+    service passes its job table); sessions of different envs open at once never play each other's."""
     from types import SimpleNamespace
 
-    from envhub.service.golden import CURRENT_SPEC, GoldenBackend
+    from envhub.service.golden import GoldenBackend
 
-    backend = GoldenBackend()
-    with pytest.raises(RuntimeError, match="CURRENT_SPEC"):  # outside the service's pipeline: refused at once
-        backend.open_session("s", task={}, messages=[], codec=codec)
-    for answer in ("first env", "second env"):
-        token = CURRENT_SPEC.set(SimpleNamespace(golden=lambda task, messages, a=answer: a))
-        try:
-            backend.open_session(answer, task={}, messages=[{"role": "user", "content": "go"}], codec=codec)
-            gen = await backend.generate([1], SamplingParams(), session_id=answer)
-        finally:
-            CURRENT_SPEC.reset(token)
-        assert gen.token_ids == _ids(codec, answer) + [codec.eos_token_ids[0]]
-        backend.close_session(answer)
+    with pytest.raises(RuntimeError, match="spec_of.*ScriptedBackend\\(spec.golden\\)"):  # outside the service
+        GoldenBackend().open_session("s", task={}, messages=[], codec=codec)
+    envs = {f"job-{answer}": SimpleNamespace(golden=lambda task, messages, a=answer: a)
+            for answer in ("first env", "second env")}
+    backend = GoldenBackend(envs.__getitem__)
+    for sid in envs:  # both open before either plays
+        backend.open_session(sid, task={}, messages=[{"role": "user", "content": "go"}], codec=codec)
+    for sid in reversed(list(envs)):
+        gen = await backend.generate([1], SamplingParams(), session_id=sid)
+        assert gen.token_ids == _ids(codec, sid.removeprefix("job-")) + [codec.eos_token_ids[0]]
+    for sid in envs:
+        backend.close_session(sid)
     assert backend.open_sessions == 0
+    with pytest.raises(KeyError):  # a session that is no job: refused when it opens
+        backend.open_session("job-unknown", task={}, messages=[], codec=codec)

@@ -7,10 +7,9 @@ import pytest
 import envhub
 from envhub.backends.scripted import ScriptedBackend
 from envhub.cli.common import save_trajectories
-from envhub.cli.rollout import load_trajectories
 from envhub.rollout.executor import rollout_many
 from envhub.task import select
-from helpers import run_cli
+from helpers import load_trajectories, run_cli
 
 
 def test_golden_rollout_cli_saves_a_dataset_that_checks_faithful(tmp_path):

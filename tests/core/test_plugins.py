@@ -105,3 +105,55 @@ def test_installed_plugins_are_gymnasium_ids(site):
         print(env.step('ok')[1])
     """, site)
     assert r.returncode == 0 and r.stdout.strip() == "1.0", r.stdout + r.stderr
+
+
+def test_a_plugin_that_fails_to_import_is_logged_with_its_names(tmp_path, monkeypatch, caplog):
+    """One warning per broken plugin: its id, distribution, module and the error, in the text and as fields."""
+    import importlib.metadata as md
+
+    from envhub.plugins import Hub, PluginError
+
+    make_dist(tmp_path, "plugin-broken-log", {"broken-log-env": "plugin_broken_log"},
+              {"plugin_broken_log": "raise ImportError('needs a package that is not installed')"})
+    monkeypatch.syspath_prepend(str(tmp_path))
+    eps = [ep for d in md.distributions(path=[str(tmp_path)]) for ep in d.entry_points if ep.group == "envhub"]
+    hub = Hub(entry_points=eps)
+    with caplog.at_level("WARNING", logger="envhub"):
+        for _ in range(2):  # asked twice, imported (and logged) once
+            with pytest.raises(PluginError):
+                hub.get("broken-log-env")
+    records = [r for r in caplog.records if getattr(r, "plugin", None) == "broken-log-env"]
+    assert len(records) == 1, caplog.text
+    r = records[0]
+    assert (r.distribution, r.plugin_module) == ("plugin-broken-log", "plugin_broken_log")
+    assert r.error == "ImportError: needs a package that is not installed" and r.levelname == "WARNING"
+    assert "broken-log-env" in r.getMessage() and "plugin-broken-log" in r.getMessage() and r.error in r.getMessage()
+    assert r.exc_info and r.exc_info[0] is ImportError
+
+
+def test_a_plugin_whose_runtime_hook_raises_is_logged_and_the_others_still_count(caplog):
+    import types
+
+    import envhub
+    from envhub.plugins import default_hub
+    from envhub.sandbox import _plugin_runtimes
+
+    class FakeRuntime:  # only looked up, never started
+        pass
+
+    broken, good = types.ModuleType("broken_runtimes"), types.ModuleType("good_runtimes")
+    broken.envhub_sandbox_runtimes = envhub.hookimpl(lambda: 1 / 0)
+    good.envhub_sandbox_runtimes = envhub.hookimpl(lambda: {"fake": FakeRuntime})
+    pm = default_hub().pm
+    pm.register(good, name="test:good_runtimes")
+    pm.register(broken, name="test:broken_runtimes")
+    try:
+        with caplog.at_level("WARNING", logger="envhub"):
+            found = _plugin_runtimes()
+    finally:
+        pm.unregister(broken)
+        pm.unregister(good)
+    assert found.get("fake") is FakeRuntime
+    records = [r for r in caplog.records if getattr(r, "plugin", None) == "test:broken_runtimes"]
+    assert len(records) == 1 and records[0].error == "ZeroDivisionError: division by zero", caplog.text
+    assert "test:broken_runtimes" in records[0].getMessage() and records[0].hook == "envhub_sandbox_runtimes"

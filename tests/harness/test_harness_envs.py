@@ -169,7 +169,7 @@ def test_rollout_cli_one_line(swe_gym, tmp_path):
                        timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "2/2 tasks solved" in r.stdout and "2 main chains" in r.stdout
-    from envhub.cli.rollout import load_trajectories
+    from helpers import load_trajectories
 
     trajs = load_trajectories(tmp_path / "run")
     assert len(trajs) == 2 and all(t.reward == 1.0 and any(t.loss_mask) for t in trajs)

@@ -155,6 +155,21 @@ def test_env_exceptions_are_marked_with_their_stage(where, stage, tiny_tokenizer
     assert t.env_id == "exploding" and t.task_id == "x"
 
 
+@pytest.mark.parametrize("where,stage", [("reset", "init"), ("step", "run")])
+def test_an_env_exception_is_logged_once_with_its_ids(where, stage, tiny_tokenizer, caplog):
+    """One record per failed rollout: job (session) id, stage, env id, task id and the error, in the text and as
+    fields, with the traceback."""
+    with caplog.at_level("ERROR", logger="envhub"):
+        run(rollout(exploding_spec(), {"task_id": "x", "explode_on": where}, Scripted([5, 6]), tiny_tokenizer,
+                    session_id="sess-1"))
+    records = [r for r in caplog.records if getattr(r, "job_id", None) == "sess-1"]
+    assert len(records) == 1, caplog.text
+    r = records[0]
+    assert (r.stage, r.env_id, r.task_id, r.error) == (stage, "exploding", "x", f"RuntimeError: {where} blew up")
+    assert r.getMessage() == f"job sess-1 stage={stage} env=exploding task=x: RuntimeError: {where} blew up"
+    assert r.exc_info and r.exc_info[0] is RuntimeError
+
+
 def test_crashing_verifier_gives_reward_zero_not_an_exception(tiny_tokenizer):
     spec, task = countdown_task()
     spec = EnvSpec(id="c2", env=spec.env, tasks=spec.tasks, verifier=lambda t, a: 1 / 0, golden=spec.golden)

@@ -13,8 +13,7 @@ import time
 import pytest
 from sandbox_helpers import leftovers, needs_bwrap
 
-from envhub.sandbox import (PoolGroup, RuntimeUnavailable, SandboxPool, SandboxSpec, get_runtime, lifecycle,
-                            start)
+from envhub.sandbox import RuntimeUnavailable, SandboxPool, SandboxSpec, get_runtime, lifecycle, start
 from envhub.sandbox.singularity import instance_start_argv, instance_stop_argv, server_exec_argv
 
 
@@ -37,16 +36,23 @@ def test_pool_hands_out_ready_sandboxes_and_refills():
 
 
 @needs_bwrap
-def test_pool_group_is_a_sandbox_factory():
-    group = PoolGroup(size=1)
+def test_sandbox_provider_is_a_sandbox_factory_for_several_specs():
+    """``env.sandbox_factory = SandboxProvider(pool_size=1)``: each spec gets its own sandboxes, and a spec that
+    repeats gets a prewarmed pool."""
+    from envhub.service.sandboxes import SandboxProvider
+
+    provider = SandboxProvider(pool_size=1)
+    a, b = SandboxSpec(runtime="bwrap", memory_mb=256), SandboxSpec(runtime="bwrap", memory_mb=300)
+    got = []
     try:
-        s1 = group(SandboxSpec(runtime="bwrap", memory_mb=256))
-        s2 = group(SandboxSpec(runtime="bwrap", memory_mb=300))
-        assert len(group.pools) == 2 and s1.spec.memory_mb == 256 and s2.spec.memory_mb == 300
-        s1.stop()
-        s2.stop()
+        got += [provider(a), provider(b)]
+        assert [sb.spec.memory_mb for sb in got] == [256, 300] and provider.status()["pools"] == 0
+        got.append(provider(a))  # seen twice: from now on a pool keeps one ready
+        assert got[-1].spec.memory_mb == 256 and provider.status()["pools"] == 1
     finally:
-        group.close()
+        for sb in got:
+            sb.stop()
+        provider.close()
 
 
 def test_local_runtime_runs_without_isolation(tmp_path):

@@ -3,7 +3,10 @@
 
 * ``svc-slow``: one task row says how long each stage takes (``init_s``, ``run_s`` per turn, ``eval_s``, ``turns``),
   with asyncio sleeps, so a test can catch a job inside a given stage.
-* ``svc-raise-make`` / ``-init`` / ``-run`` / ``-eval``: a plugin whose env or verifier raises in that stage.
+* ``svc-raise-make`` / ``-init`` / ``-run`` / ``-eval`` / ``-aeval``: a plugin whose env or verifier raises in that
+  stage (``-aeval``: an async verifier).
+* ``svc-crash-text``: a sound verifier that quotes a wrong answer in its details, and a player that answers
+  "verifier crashed: fake" (agent-written text that reads like a grader crash).
 * ``svc-sandbox``: a ToolEnv with a real bwrap sandbox whose golden player runs ``sleep`` in it (cancel/stop tests);
   its verifier waits ``eval_s`` from the row.
 * ``svc-coin``: the golden player solves a task with probability ``p`` (per sample, from the row), so groups have
@@ -102,8 +105,28 @@ def _raise_verify(task, artifacts):
     raise RuntimeError("plugin bug in the verifier")
 
 
+class _RaiseAsyncVerify:
+    async def averify(self, task, artifacts):
+        raise KeyError("plugin bug in averify")
+
+    def verify(self, task, artifacts):
+        raise AssertionError("the service grades with averify")
+
+
+def _echo_verify(task, artifacts):
+    """A sound verifier that explains a wrong answer by quoting it: the agent's text lands in its details."""
+    answer = artifacts.get("answer", "")
+    if answer == str(task["n"]):
+        return Score(1.0, True)
+    return Score(0.0, False, {"error": answer})
+
+
 def _say(task, messages):
     return f"{task['n']}"
+
+
+def _say_crashed(task, messages):
+    return "verifier crashed: fake"
 
 
 # ---- svc-sandbox ---------------------------------------------------------------------------------------------------
@@ -154,6 +177,10 @@ def specs() -> list[EnvSpec]:
         EnvSpec(id="svc-raise-path", env=RaisePath, tasks=_rows("rp"), verifier=_ok, golden=_say, max_turns=1),
         EnvSpec(id="svc-raise-run", env=RaiseRun, tasks=_rows("rr"), verifier=_ok, golden=_say, max_turns=1),
         EnvSpec(id="svc-raise-eval", env=Plain, tasks=_rows("re"), verifier=_raise_verify, golden=_say, max_turns=1),
+        EnvSpec(id="svc-raise-aeval", env=Plain, tasks=_rows("ra"), verifier=_RaiseAsyncVerify(), golden=_say,
+                max_turns=1),
+        EnvSpec(id="svc-crash-text", env=Plain, tasks=_rows("ct"), verifier=_echo_verify, golden=_say_crashed,
+                max_turns=1),
         EnvSpec(id="svc-sandbox", env=SandboxEnv, tasks=_rows("sb", sleep=30), verifier=SlowVerifier(),
                 golden=_sandbox_golden, max_turns=4),
         EnvSpec(id="svc-hold", env=SandboxEnv, tasks=_rows("hold", sleep=0.5), verifier=SlowVerifier(),

@@ -86,6 +86,7 @@ async def test_timeouts_count_only_time_inside_stages(serve):
     ("svc-raise-init", "ri-0", "init", "plugin bug in reset"),
     ("svc-raise-run", "rr-0", "run", "plugin bug in step"),
     ("svc-raise-eval", "re-0", "eval", "plugin bug in the verifier"),
+    ("svc-raise-aeval", "ra-0", "eval", "KeyError: 'plugin bug in averify'"),
 ])
 async def test_a_plugin_raising_in_a_stage_gives_a_marked_trajectory(serve, env_id, task_id, stage, words):
     srv = serve()
@@ -100,6 +101,16 @@ async def test_a_plugin_raising_in_a_stage_gives_a_marked_trajectory(serve, env_
         assert set(d["timing"]) >= {"init_time", "run_time", "eval_time"}
     assert ok["passed"]  # the server keeps serving
     assert st["jobs"]["failed"] == 3 and st["jobs"]["done"] == 1 and st["total"] == 0
+
+
+async def test_agent_text_that_reads_like_a_grader_crash_is_a_wrong_answer_not_a_failed_job(serve):
+    """The service marks a grader crash from ``Score.crashed``; an agent whose answer the verifier quotes cannot
+    get its failures filtered out of training by answering "verifier crashed: ..."."""
+    srv = serve()
+    async with RolloutClient(srv.url) as c:
+        d = await c.process({"env_id": "svc-crash-text", "task_id": "ct-1"}, raw=True)
+    assert d["finish_reason"] == "done" and d["error"] is None and d["filter"] is False, d
+    assert d["reward"] == 0.0 and not d["passed"] and d["critical_error"] is None
 
 
 async def test_each_stage_runs_at_most_its_pool_size(serve):

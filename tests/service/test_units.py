@@ -66,3 +66,18 @@ def test_sampling_params_split_like_prorl():
         with pytest.raises(RequestError) as e:
             config_from_wire(bad)
         assert next(iter(bad)) in str(e.value)
+
+
+@pytest.mark.parametrize("rewards,keep", [([1.0, 1.0], False), ([0.0, 1.0], True), ([0.3, 0.1 + 0.2], False),
+                                          ([0.5], False), ([], False), ([0.0, 0.0, 1e-6], True)])
+def test_the_dapo_collector_keeps_groups_by_the_trainers_rule(rewards, keep):
+    """``Group.informative`` is ``dapo_keep`` (one DAPO keep/drop rule), with float noise counted as equal."""
+    from types import SimpleNamespace
+
+    from envhub.service.dapo import TOL, Group
+    from envhub.training.advantages import dapo_keep
+
+    group = Group("k", {}, [SimpleNamespace(reward=r) for r in rewards])
+    assert group.informative is keep
+    if rewards:
+        assert dapo_keep(rewards, group_size=len(rewards), tol=TOL) == [keep] * len(rewards)

@@ -1,8 +1,9 @@
 """A persistent bash on a pseudo-terminal, driven with a unique sentinel per command.
 
 Why a pty and not ``subprocess`` per command: the agent expects a terminal (``cd`` and ``export`` persist, programs
-see a tty) and a persistent shell answers a builtin in ~0.1 ms. Why not tmux: polling ``capture-pane`` costs tens of
-milliseconds per command; here we block on the pty fd and stop reading the moment the sentinel arrives.
+see a tty) and a persistent shell answers a builtin in well under a millisecond (``benchmarks/tools_latency.py``).
+Why not tmux: polling ``capture-pane`` costs tens of milliseconds per command; here we block on the pty fd and stop
+reading the moment the sentinel arrives.
 
 How one command runs: its text is written to a file and the shell is sent one short line::
 
@@ -10,7 +11,7 @@ How one command runs: its text is written to a file and the shell is sent one sh
 
 (a short one-line command is typed as ``<command> <&99``, or ``eval '<command>' <&99`` unless it is a list of plain
 words: :func:`inline_line`). Sourcing keeps ``cd``/``export``/functions
-in the shell and lifts the 4 KiB line limit of the tty; ``<&99`` (a /dev/null the shell keeps open: a dup is ~15 µs
+in the shell and lifts the 4 KiB line limit of the tty; ``<&99`` (a /dev/null the shell keeps open: a dup is
 cheaper than opening /dev/null for every command) stops a command from swallowing the next line as its input. A
 command that closes fd 99 is noticed (bash refuses the redirection before running anything) and typed again after
 the shell reopens it. The printed sentinel carries the exit code; the literal sentinel never appears in what we
@@ -58,8 +59,8 @@ _tokens = random.Random(os.urandom(16))
 
 # A command made only of these characters, none of whose words is a reserved word, is a list of plain words: bash
 # can neither reject it nor wait for more of it, so it is typed as it is (eval, the guard for the rest, costs the
-# shell a second parse: ~5-8% of a builtin's round trip). No quotes, $, backslash, #, braces, parentheses, ! or
-# operators (; & | < >); globs, ~, = and the like are fine.
+# shell a second parse, a visible share of a builtin's round trip: benchmarks/tools_latency.py times both forms).
+# No quotes, $, backslash, #, braces, parentheses, ! or operators (; & | < >); globs, ~, = and the like are fine.
 _PLAIN = re.compile(r"[A-Za-z0-9 _./:=,+@%^~*?\[\]-]+").fullmatch
 _RESERVED = frozenset("if then else elif fi case esac for select while until do done in function time coproc "
                       "[[ ]] { } !".split())

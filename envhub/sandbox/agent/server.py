@@ -68,8 +68,8 @@ class Server:
             # that never returns to the interpreter (where the cell's SIGALRM handler cannot run). It dumps the
             # tracebacks to the log and exits; the host sees the socket close and relaunches the sandbox. Only the
             # python op runs foreign code in this process (file ops could meet a slow filesystem); shell and exec are
-            # bounded by our own select loops, and arming the timer costs ~50 us (it starts a thread): too much
-            # for every shell round trip.
+            # bounded by our own select loops, and arming the timer starts a thread: too much for every shell
+            # round trip.
             timeout = float(req.get("timeout") or self.timeout_s)
             faulthandler.dump_traceback_later(timeout + WATCHDOG_GRACE_S, exit=True)
         try:
