@@ -266,6 +266,9 @@ class HarnessEpisode:
             t.metrics.update(self.metrics)
             if self.exit_info.get("error") and t.finish_reason not in ("error", "cancelled"):
                 t.finish_reason, t.error = "error", self.exit_info["error"]
+            if score.crashed and t.finish_reason not in ("error", "cancelled"):  # no verdict: trained on by no one
+                t.finish_reason, t.reward = "error", 0.0
+                t.error = f"EVAL: {score.details.get('error') or 'the verifier crashed'}"
         failed = self.traj.finish_reason if self.failed else None
         self.trajectories, self.traj = trajs, trajs[0]
         if failed:  # a failure marked before EVAL (the service's timeout) still stands

@@ -118,6 +118,14 @@ class Episode:
             self.traj.reward = score.reward + sum(self.traj.step_rewards)
             self.traj.passed = score.passed
             self.traj.details["score"] = score.details
+        if score.crashed:
+            # the grader gave no verdict: reward 0 would read as a wrong answer and be trained on; a failed
+            # rollout trains nothing (loss_mask) and the service's `filter` keeps it out. The flag, never the
+            # text: a verifier may quote agent-written strings in its details.
+            error = str(score.details.get("error") or "the verifier crashed")
+            if self.log_failures:
+                log_failure(log, self.session_id, "eval", self.traj.env_id, self.traj.task_id, error)
+            self.fail("error", f"EVAL: {error}")
 
     # ---- the loop ------------------------------------------------------------------------------------------------
     async def _loop(self) -> None:

@@ -217,13 +217,9 @@ class Pipeline:
         elif stage == "run":
             await ep.run()
         else:
-            await ep.evaluate()
-            score = ep.score
-            if score is not None and score.crashed:
-                # safe_verify turned the crash into reward 0; for a trainer that is a broken grader, not a wrong
-                # answer: mark it, so ProRL's `filter` keeps the sample out of training. The flag, never the text:
-                # a verifier may put agent-written strings in its details.
-                ep.fail("error", f"EVAL: {scrub(str(score.details.get('error') or 'the verifier crashed'))}")
+            await ep.evaluate()  # a crashed grader marks the episode failed (Episode.evaluate), here as in-process
+            if ep.score is not None and ep.score.crashed and ep.traj.error:
+                ep.traj.error = scrub(ep.traj.error)  # the verifier's exception text may name host paths
 
     def _make_env(self, job: Job) -> Any:
         cfg = job.episode.config

@@ -170,12 +170,13 @@ def test_an_env_exception_is_logged_once_with_its_ids(where, stage, tiny_tokeniz
     assert r.exc_info and r.exc_info[0] is RuntimeError
 
 
-def test_crashing_verifier_gives_reward_zero_not_an_exception(tiny_tokenizer):
+def test_crashing_verifier_is_a_marked_failure_not_an_exception(tiny_tokenizer):
+    """No verdict is not a wrong answer: the rollout is failed (nothing of it trained), not `done` with reward 0."""
     spec, task = countdown_task()
     spec = EnvSpec(id="c2", env=spec.env, tasks=spec.tasks, verifier=lambda t, a: 1 / 0, golden=spec.golden)
     t = run(rollout(spec, task, ScriptedBackend(spec.golden), tiny_tokenizer))
-    assert t.finish_reason == "done" and t.reward == 0.0 and not t.passed
-    assert "ZeroDivisionError" in t.details["score"]["error"]
+    assert t.finish_reason == "error" and t.reward == 0.0 and not t.passed and sum(t.loss_mask) == 0
+    assert t.error.startswith("EVAL: ") and "ZeroDivisionError" in t.details["score"]["error"]
 
 
 def test_timeout_is_marked(tiny_tokenizer):

@@ -87,3 +87,35 @@ async def test_the_trainers_caps_travel_to_the_service(serve, tiny_tokenizer):
     assert short.finish_reason == "error" and "max_prompt_length" in short.error and short.response_ids == []
     assert "older envhub" not in (short.error or "") and short.num_turns == 0
 
+
+
+async def test_a_grader_crash_is_the_same_failure_in_process_and_over_http(serve, tiny_tokenizer, caplog):
+    """A verifier that raises gives no verdict: a failed rollout (nothing trained), both ways; a verifier that
+    quotes agent text reading "verifier crashed" is a wrong answer, both ways (the typed flag, not the text)."""
+    import logging
+
+    srv = serve()
+    sampling = SamplingParams(max_tokens=128)
+    local = EpisodeRunner(AdapterOptions(), tiny_tokenizer)
+    remote = EpisodeRunner(AdapterOptions(service_urls=[srv.url]), tiny_tokenizer)
+    try:
+        for env_id, task_id in (("svc-raise-eval", "re-1"), ("svc-raise-aeval", "ra-1"), ("svc-crash-text", "ct-1")):
+            spec = envhub.get_spec(env_id)
+            inst = {"env_id": env_id, "task_id": task_id}
+            caplog.clear()
+            with caplog.at_level(logging.ERROR):
+                a = await local.run(inst, ScriptedBackend(spec.golden), sampling, max_length=1024)
+                b = await remote.run(inst, None, sampling, max_length=1024)
+            crashed = env_id != "svc-crash-text"
+            assert (a.finish_reason == "error") is crashed and (b.finish_reason == "error") is crashed, (a, b)
+            assert a.reward == b.reward == 0.0 and not a.passed and not b.passed
+            if crashed:
+                assert a.error.startswith("EVAL: ") and b.error.startswith("EVAL: ")
+                assert sum(a.loss_mask) == 0 and sum(b.loss_mask) == 0  # nothing of it is trained on
+                # one failure record per run: the executor's in-process, the service's (with its job id) over HTTP
+                for logger in ("envhub.rollout.executor", "envhub.service"):
+                    assert [r.stage for r in caplog.records if r.name == logger and hasattr(r, "stage")] == ["eval"]
+            else:
+                assert a.finish_reason == b.finish_reason == "done" and sum(a.loss_mask) > 0
+    finally:
+        await remote.aclose()
