@@ -34,14 +34,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import uuid
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from envhub.backends.base import LLMBackend, SamplingParams
+from envhub.failurelog import log_failure
 from envhub.rollout.request import INSTANCE_SHAPE, Instance, RequestError, RolloutConfig, RolloutRequest, TaskIndex
 from envhub.rollout.trajectory import Trajectory
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -166,8 +170,11 @@ class EpisodeRunner:
                                      timeout_s=request.timeout_s)
         except asyncio.CancelledError:
             raise
-        except Exception as e:  # resolution or service failure: keep the row, mark it
-            return Trajectory.failed(inst.env_id, inst.label, "error", f"{type(e).__name__}: {e}")
+        except Exception as e:  # resolution or service failure: keep the row, mark it (and log it, once)
+            error = f"{type(e).__name__}: {e}"
+            log_failure(log, session_id, "service" if self.uses_service else "resolve", inst.env_id, inst.label,
+                        error, exc_info=e)
+            return Trajectory.failed(inst.env_id, inst.label, "error", error)
         return check_caps(traj, max_prompt_length, max_response_length)
 
     def request(self, label: Any, sampling: SamplingParams, *, max_length: int, max_prompt_length: int | None = None,

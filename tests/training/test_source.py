@@ -148,3 +148,14 @@ def test_runner_timeout_is_marked(tiny_tokenizer):
     runner = EpisodeRunner(AdapterOptions(timeout_s=0.3), tiny_tokenizer, index=TaskIndex(hub))
     t = run(runner, {"env_id": spec.id, "task": {"task_id": "s"}}, spec.golden)
     assert t.finish_reason == "timeout" and t.reward == 0.0 and t.task_id == "s"
+
+
+def test_a_row_that_does_not_resolve_is_logged_once_with_its_ids(tiny_tokenizer, caplog):
+    import logging
+
+    runner = EpisodeRunner(AdapterOptions(), tiny_tokenizer)
+    with caplog.at_level(logging.ERROR, logger="envhub.training.source"):
+        t = run(runner, '{"env_id": "no-such-env", "task_id": "x"}', lambda task, messages: "hi")
+    assert t.finish_reason == "error"
+    recs = [r for r in caplog.records if r.name == "envhub.training.source"]
+    assert len(recs) == 1 and (recs[0].env_id, recs[0].task_id, recs[0].stage) == ("no-such-env", "x", "resolve")
