@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Union
 
 if TYPE_CHECKING:
-    from envhub.env import ToolSpec
+    from envhub.types import ToolSpec
 
 _JSON_TYPES: dict[str, Union[type, tuple[type, ...]]] = {
     "string": str, "integer": int, "number": (int, float), "boolean": bool, "object": dict, "array": list,

@@ -280,4 +280,5 @@ def default_hub() -> Hub:
     global _HUB
     if _HUB is None:
         _HUB = Hub()
+        hookspecs.set_active_plugin_manager(_HUB.pm)  # lower layers (sandbox runtimes) call hooks through it
     return _HUB

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-from envhub.env import Action, Message, Task, ToolCall
+from envhub.types import Action, Message, Task, ToolCall
 
 Policy = Callable[[Task, list[Message]], "Action | str"]
 

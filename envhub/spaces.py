@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from envhub.env import Message
+    from envhub.types import Message
 
 import gymnasium
 import numpy as np
@@ -57,7 +57,7 @@ class ActionSpace(gymnasium.Space):
         return _random_text(self.np_random)
 
     def contains(self, x: Any) -> bool:
-        from envhub.env import Action  # env.py imports this module
+        from envhub.types import Action
 
         return isinstance(x, (str, Action))
 

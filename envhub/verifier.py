@@ -10,7 +10,7 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, runtime_checkable
 
-from envhub.env import Task
+from envhub.types import Task
 
 
 @dataclass

@@ -184,7 +184,7 @@ def fetch(source: Source, workdir: Path, opts: PipOptions) -> Path:
 
 def _fetch_git(text: str, workdir: Path) -> Path:
     """Clone the repository, check out the pinned commit, and return the package's directory in it."""
-    from envhub.registry import parse_git
+    from envhub.registry.model import parse_git
 
     git = parse_git(text)
     dest = workdir / "git"

@@ -36,7 +36,7 @@ class SandboxPool:
         if size < 0:
             raise ValueError("size must be >= 0")
         if starter is None:
-            from envhub.sandbox import start as starter
+            from envhub.sandbox.runtimes import start as starter
         self.spec, self.size, self._start, self.warm_shell = spec, size, starter, warm_shell
         self._ready: collections.deque[Sandbox] = collections.deque()
         self._cond = threading.Condition()

@@ -136,7 +136,7 @@ def test_a_plugin_whose_runtime_hook_raises_is_logged_and_the_others_still_count
 
     import envhub
     from envhub.plugins import default_hub
-    from envhub.sandbox import _plugin_runtimes
+    from envhub.sandbox.runtimes import _plugin_runtimes
 
     class FakeRuntime:  # only looked up, never started
         pass
