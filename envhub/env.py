@@ -29,13 +29,21 @@ import asyncio
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence, Union
 
 import gymnasium
 
 from envhub.arguments import check_arguments
 from envhub.spaces import ActionSpace, MessagesSpace
 from envhub.types import Action, Message, Response, Task, ToolCall, ToolSpec, as_messages
+
+if TYPE_CHECKING:  # annotations only: plain text envs never load the sandbox layer, the env never imports a verifier
+    from envhub.sandbox.base import Sandbox
+    from envhub.sandbox.spec import SandboxSpec
+    from envhub.verifier import Verifier
+
+TaskSource = Union[Sequence[Task], Callable[[], Sequence[Task]], None]
+"""The task rows an env draws from at ``reset`` without ``options['task']``: rows, or a function loading them."""
 
 class TextEnv(gymnasium.Env):
     """A multi-turn text environment. Subclass it and implement :meth:`start` and :meth:`respond`.
@@ -55,7 +63,7 @@ class TextEnv(gymnasium.Env):
     observation_space = MessagesSpace()
     action_space = ActionSpace()
 
-    def __init__(self, tasks: Any = None, max_turns: int = 16, render_mode: str | None = None):
+    def __init__(self, tasks: TaskSource = None, max_turns: int = 16, render_mode: str | None = None):
         self._tasks = tasks
         self.max_turns = max_turns
         self.render_mode = render_mode
@@ -65,7 +73,8 @@ class TextEnv(gymnasium.Env):
         self.turn = 0
         self.history: list[Message] = []
         self.done = False
-        self.verifier: Any = None  # set by gymnasium.make("envhub/..."): grade in step() at the end of an episode
+        # set by gymnasium.make("envhub/..."): grade in step() at the end of an episode
+        self.verifier: Verifier | None = None
 
     # ---- what authors implement -------------------------------------------------------------------------------
     def start(self, task: Task) -> str | list[Message]:
@@ -202,25 +211,25 @@ class ToolEnv(TextEnv):
     """
 
     max_parallel_tools = 4
-    sandbox_spec: Any = None
+    sandbox_spec: SandboxSpec | None = None
     """A ``SandboxSpec``: when set, every ``reset`` starts a fresh sandbox (``self.sandbox``) and ``close`` stops it."""
-    sandbox_factory: Callable[[Any], Any] | None = None
+    sandbox_factory: Callable[[SandboxSpec], Sandbox] | None = None
     """``spec -> Sandbox``; default ``envhub.sandbox.start``. The rollout service passes its prewarmed pool here."""
     lazy_sandbox = False
     """Start the episode's sandbox on the first use of ``self.sandbox`` (a tool call, or ``start`` writing files)
     instead of at ``reset``: an episode that never touches it costs no sandbox. For envs whose tools are optional
     (a math env with a python tool). Then a sandbox start, and its failure, happen in RUN rather than INIT."""
 
-    def __init__(self, tasks: Any = None, max_turns: int = 16, render_mode: str | None = None):
+    def __init__(self, tasks: TaskSource = None, max_turns: int = 16, render_mode: str | None = None):
         super().__init__(tasks=tasks, max_turns=max_turns, render_mode=render_mode)
         self._tools: dict[str, Tool] = {t.spec.name: t for t in self.make_tools()}
         self.tools = [t.spec for t in self._tools.values()]
-        self._sandbox: Any = None
-        self._pending_spec: Any = None  # lazy_sandbox: the spec to start on first use
+        self._sandbox: Sandbox | None = None
+        self._pending_spec: SandboxSpec | None = None  # lazy_sandbox: the spec to start on first use
         self._sandbox_lock = threading.Lock()  # parallel tool calls must not start two
 
     @property
-    def sandbox(self) -> Any:
+    def sandbox(self) -> Sandbox | None:
         """This episode's sandbox (``None`` without a ``sandbox_spec``). With :attr:`lazy_sandbox`, started here."""
         if self._sandbox is None and self._pending_spec is not None:
             with self._sandbox_lock:
@@ -230,7 +239,7 @@ class ToolEnv(TextEnv):
         return self._sandbox
 
     @sandbox.setter
-    def sandbox(self, value: Any) -> None:
+    def sandbox(self, value: Sandbox | None) -> None:
         self._sandbox, self._pending_spec = value, None
 
     @property
@@ -238,7 +247,7 @@ class ToolEnv(TextEnv):
         """Whether this episode has a running sandbox (never starts one)."""
         return self._sandbox is not None
 
-    def sandbox_spec_for(self, task: Task) -> Any:
+    def sandbox_spec_for(self, task: Task) -> SandboxSpec | None:
         """The sandbox this task runs in (``None``: no sandbox). Default: the class's ``sandbox_spec``."""
         return self.sandbox_spec
 
@@ -251,7 +260,7 @@ class ToolEnv(TextEnv):
             else:
                 self._sandbox = self._start_sandbox(spec)
 
-    def _start_sandbox(self, spec: Any) -> Any:
+    def _start_sandbox(self, spec: SandboxSpec) -> Sandbox:
         factory = self.sandbox_factory
         if factory is None:
             from envhub.sandbox import start  # lazy: plain text envs never load the sandbox layer

@@ -63,5 +63,5 @@ class EnvSpec:
         kwargs.setdefault("max_turns", self.max_turns)
         env = self.env(tasks=lambda: self.load_tasks(split), **kwargs)
         if grade:
-            env.verifier = self.verifier
+            env.verifier = as_verifier(self.verifier)  # already one after __post_init__; typed so
         return env
