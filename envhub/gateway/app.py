@@ -98,7 +98,7 @@ class GatewayApp:
                 return await _send(send, 200, {"message": "success"})
             if method != "POST":
                 raise HTTPError(405, f"{method} {path} is not served")
-            refused = RequestGuard._cross_site(headers, scope)
+            refused = RequestGuard.cross_site(headers, scope)
             if refused:
                 raise HTTPError(403, refused)
             body = await self._body(headers, receive)

@@ -78,7 +78,7 @@ class Sandbox:
         self.started_at = time.monotonic()
 
     # ---- what runtimes implement ----------------------------------------------------------------------------------
-    def _boot(self, prepare: Any = None) -> None:
+    def boot(self, prepare: Any = None) -> None:
         """Register, ``prepare()`` (copy the workspace...), launch. Registered first, so that interpreter exit or a
         signal stops even a half-started sandbox; on any failure everything is undone and the error re-raised."""
         from envhub.sandbox import lifecycle

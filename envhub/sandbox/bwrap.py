@@ -223,7 +223,7 @@ class BwrapRuntime(Runtime):
                 sb.disk_capped = quota.mount_tmpfs(workspace, spec.disk_mb, spec.disk_inodes)
             copy_workspace(spec.workspace_from, workspace)
 
-        sb._boot(prepare)
+        sb.boot(prepare)
         return sb
 
     def capabilities(self, spec: SandboxSpec | None = None) -> dict[str, Any]:

@@ -48,7 +48,7 @@ def _own_paths() -> dict[str, tuple[str, int]]:
 
 
 @lru_cache(maxsize=1)
-def _parents() -> dict[str, tuple[str, int]]:
+def parents() -> dict[str, tuple[str, int]]:
     """Probe: for each controller, a parent directory under which we can create a working child cgroup."""
     found: dict[str, tuple[str, int]] = {}
     for ctrl, (own, version) in _own_paths().items():
@@ -81,7 +81,7 @@ def _parents() -> dict[str, tuple[str, int]]:
 
 def available() -> set[str]:
     """The controllers a sandbox can get its own cgroup for: a subset of ``{"pids", "memory", "cpu"}``."""
-    return set(_parents())
+    return set(parents())
 
 
 class SandboxCgroups:
@@ -91,7 +91,7 @@ class SandboxCgroups:
 
     def __init__(self, name: str, max_procs: int | None, memory_mb: int | None, cpu_quota: float | None = None):
         self.dirs: dict[str, tuple[str, int]] = {}
-        for ctrl, (parent, version) in _parents().items():
+        for ctrl, (parent, version) in parents().items():
             wanted = {"pids": max_procs, "memory": memory_mb, "cpu": cpu_quota}.get(ctrl)
             if not wanted:
                 continue

@@ -75,7 +75,7 @@ def sweep_stale(max_age_s: float = 600.0) -> list[str]:
                 continue
             quota.unmount_under(os.path.join(root, name))  # a capped workspace its dead owner left mounted
             shutil.rmtree(os.path.join(root, name), ignore_errors=True)
-            for parent, _ in cgroups._parents().values():
+            for parent, _ in cgroups.parents().values():
                 try:
                     os.rmdir(os.path.join(parent, f"sb-{name}"))
                 except OSError:

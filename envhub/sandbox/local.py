@@ -33,7 +33,7 @@ class LocalRuntime(Runtime):
     def start(self, spec: SandboxSpec) -> LocalSandbox:
         sid, state = new_state_dir()
         sb = LocalSandbox(spec, sid, state)
-        sb._boot(lambda: copy_workspace(spec.workspace_from, sb.workdir))
+        sb.boot(lambda: copy_workspace(spec.workspace_from, sb.workdir))
         return sb
 
     def capabilities(self, spec: SandboxSpec | None = None) -> dict[str, Any]:

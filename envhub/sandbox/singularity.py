@@ -115,7 +115,7 @@ class SingularityRuntime(Runtime):
             if not spec.workspace_size_mb:
                 copy_workspace(spec.workspace_from, os.path.join(state, "workspace"))
 
-        sb._boot(prepare)
+        sb.boot(prepare)
         return sb
 
     def capabilities(self, spec: SandboxSpec | None = None) -> dict[str, Any]:

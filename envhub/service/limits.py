@@ -71,7 +71,7 @@ class RequestGuard:
             return await self.app(scope, receive, send)
         headers = {k.lower(): v for k, v in scope.get("headers", [])}
         if scope["method"] not in SAFE_METHODS:
-            refused = self._cross_site(headers, scope)
+            refused = self.cross_site(headers, scope)
             if refused:
                 return await _reply(send, 403, refused)
             ctype = headers.get(b"content-type", b"").split(b";")[0].strip().lower()
@@ -110,7 +110,7 @@ class RequestGuard:
         return await self.app(scope, replay, send)
 
     @staticmethod
-    def _cross_site(headers: dict, scope: dict) -> str | None:
+    def cross_site(headers: dict, scope: dict) -> str | None:
         if headers.get(b"sec-fetch-site", b"") == b"cross-site":
             return "cross-site requests are refused (Sec-Fetch-Site: cross-site)"
         origin = headers.get(b"origin")

@@ -86,7 +86,7 @@ class Pipeline:
             loop.set_default_executor(self._executor)
         if self.sandboxes.closed:
             old = self.sandboxes
-            self.sandboxes = SandboxProvider(old.pool_size, old.max_pools, old.idle_s, old._starter, old.max_live)
+            self.sandboxes = old.renewed()
         self._queues = {s: asyncio.Queue() for s in STAGES}
         self._workers = [asyncio.create_task(self._worker(stage), name=f"envhub-{stage}-worker-{i}")
                          for stage in STAGES for i in range(self.sizes[stage])]
@@ -283,6 +283,11 @@ class Pipeline:
         task.add_done_callback(self._background.discard)
 
     # ---- status -------------------------------------------------------------------------------------------------
+    def shutdown_threads(self) -> None:
+        """Stop the stage thread pool without waiting (a thread stuck in a hung env must not block shutdown)."""
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+
     def status(self) -> dict[str, Any]:
         """Queue depth and jobs in flight per stage, pool sizes, and job counts (what ``GET /status`` shows)."""
         stages = {s: {"queued": len(self._waiting[s]), "in_flight": len(self._active[s]), "workers": self.sizes[s]}

@@ -51,6 +51,10 @@ class SandboxProvider:
         self.acquired = 0
         self.closed = False
 
+
+    def renewed(self) -> SandboxProvider:
+        """A fresh provider with this one's settings (the pipeline's, after a stop closed this one)."""
+        return SandboxProvider(self.pool_size, self.max_pools, self.idle_s, self._starter, self.max_live)
     def _start(self, spec: Any) -> Any:
         """Start a sandbox, first waiting for a slot under ``max_live`` (queued, not failed, at the node's limit)."""
         from envhub.sandbox import SandboxError, lifecycle

@@ -97,9 +97,7 @@ class RolloutService:
             runner, self._harness_runner = self._harness_runner, None
             await runner.aclose()
         await self.pool.close()
-        executor = self.pipeline._executor
-        if executor is not None:
-            executor.shutdown(wait=False, cancel_futures=True)
+        self.pipeline.shutdown_threads()
 
     # ---- /process -----------------------------------------------------------------------------------------------
     async def process(self, req: ProcessRequest) -> bytes:

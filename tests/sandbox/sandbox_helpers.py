@@ -20,7 +20,7 @@ def leftovers(ids) -> list[str]:
     from envhub.sandbox import cgroups
 
     left = [os.path.join(sandbox_root(), i) for i in ids if os.path.exists(os.path.join(sandbox_root(), i))]
-    for parent, _ in cgroups._parents().values():
+    for parent, _ in cgroups.parents().values():
         left += [os.path.join(parent, f"sb-{i}") for i in ids if os.path.exists(os.path.join(parent, f"sb-{i}"))]
     return left
 
