@@ -220,8 +220,10 @@ def test_golden_passes_with_canaries_and_forged_output_is_ignored(rows, tmp_path
     assert "did not pass" in s.details["reason"]
 
 
-def run_runner(tmp_path, module_code: str, test_code: str, audit: bool = True):
-    """The verdict runner on a tiny project on the host (no sandbox): returns its verified records."""
+def run_runner(tmp_path, module_code: str, test_code: str, audit: bool = True, truth: str = "_t",
+               unittest: bool = True):
+    """The verdict runner on a tiny project on the host (no sandbox): returns its verified records (``truth=""``,
+    ``audit=False``, ``unittest=False`` switch those checks off)."""
     (tmp_path / "mod.py").write_text(module_code)
     (tmp_path / "tests").mkdir(exist_ok=True)
     (tmp_path / "tests" / "test_m.py").write_text(test_code)
@@ -232,7 +234,8 @@ def run_runner(tmp_path, module_code: str, test_code: str, audit: bool = True):
     runner.write_text(testrun.RUNNER_SOURCE)
     argv = testrun.runner_command(sys.executable, str(runner), ["tests/test_m.py"], str(tmp_path / "pytest.ini"),
                                   str(tmp_path))
-    subprocess.run(argv, cwd=tmp_path, input=secret.payload("_h", "_e", "_c", audit=audit), text=True,
+    subprocess.run(argv, cwd=tmp_path, input=secret.payload("_h", "_e", "_c", truth, audit=audit,
+                                                                      unittest=unittest), text=True,
                    capture_output=True, timeout=120, env={**testrun.PYTEST_ENV, "PATH": os.environ["PATH"]})
     return verdict.read_records(Path(secret.out).read_text(), secret)
 

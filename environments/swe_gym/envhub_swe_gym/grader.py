@@ -45,7 +45,7 @@ from envhub_swe_gym.testrun import PYTEST_ENV, RUNNER_SOURCE, diff_files, files_
     pytest_ini, runner_command
 from envhub_swe_gym.verdict import identifier, new_secret, plant_canaries, read_records
 
-DEFENSES = frozenset({"filter", "scan", "reset", "readonly", "canary", "body-end", "audit"})
+DEFENSES = frozenset({"filter", "scan", "reset", "readonly", "canary", "body-end", "audit", "truth", "unittest"})
 GIT = ["git", "-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false", "-c", "safe.directory=*"]
 GIT_ENV = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_TERMINAL_PROMPT": "0"}
 MAX_PATCH_BYTES = 2 << 20
@@ -158,11 +158,13 @@ class SweGymVerifier:
                 return _fail(details, problem)
             mode = "ro" if "readonly" in self.defenses else "rw"
             secret = new_secret()
-            names = (identifier(rng), identifier(rng), identifier(rng))
+            module, end, cmp, truth = (identifier(rng) for _ in range(4))
             with start(SandboxSpec(binds=[(str(tree), "/testbed", mode), (str(grader_dir), "/grader", "ro")],
                                    **base)) as sb:
                 r = sandbox_run(sb, runner_command(self.python, runner, run_files, "/grader/pytest.ini", "/testbed"),
-                                input=secret.payload(*names, audit="audit" in self.defenses), env=PYTEST_ENV,
+                                input=secret.payload(module, end, cmp, truth if "truth" in self.defenses else "",
+                                                     audit="audit" in self.defenses,
+                                                     unittest="unittest" in self.defenses), env=PYTEST_ENV,
                                 timeout=self.timeout_s)
                 try:
                     text = sb.read_file(secret.out).decode("utf-8", errors="replace")

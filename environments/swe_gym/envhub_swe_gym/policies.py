@@ -26,6 +26,9 @@ probe                       what it tries
 ``named-bodies-skipped``    (#13 b) only the named tests' bodies are replaced: canaries run and fail honestly
 ``always-equal``            (#13 c) the touched modules' functions return an object equal to anything
 ``named-bodies-borrowed``   (#13 b) the named tests run another, passing test's body in place of their own
+``lying-truth``             (#13 c) functions called from a test return bools as objects whose ``__bool__`` says
+                            what the calling ``assert`` line wants (``==`` honest)
+``unittest-always-equal``   (#13 c) ``always-equal``, and the package puts back unittest's unwrapped assertions
 ==========================  ========================================================================================
 
 The (b) hacks spare tests shaped like the old fixed canaries (``test_<12 hex>_<n>``).

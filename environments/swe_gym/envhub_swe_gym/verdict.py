@@ -28,9 +28,12 @@ class RunSecret:
     key: str
     out: str
 
-    def payload(self, module: str, end: str, cmp: str, audit: bool = True) -> str:
+    def payload(self, module: str, end: str, cmp: str, truth: str = "", audit: bool = True,
+                unittest: bool = True) -> str:
+        """The JSON the runner reads; ``truth=""`` (no truth checks), ``audit=False`` and ``unittest=False`` switch
+        defenses off, only so tests can show what each one stops."""
         return json.dumps({"run": self.run, "key": self.key, "out": self.out, "module": module, "end": end,
-                           "cmp": cmp, "audit": audit})
+                           "cmp": cmp, "truth": truth, "audit": audit, "unittest": unittest})
 
 
 def new_secret() -> RunSecret:

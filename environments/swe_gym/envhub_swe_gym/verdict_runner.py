@@ -14,13 +14,20 @@ the process it:
 
    * every ``==``, ``!=``, ``in``, ``not in`` inside an ``assert`` goes through ``cmp``, which fails the assertion
      when an operand claims to equal a fresh object it has never seen (an always-true ``__eq__``);
+   * every operand whose *truth* an ``assert`` tests (``assert x``, ``assert not x``, the parts of ``and``/``or``)
+     goes through ``truth``, which fails the assertion when the value claims to equal a fresh object, or when its
+     truth comes from a Python-level ``__bool__``/``__len__`` that also calls a fresh, uninitialised instance of its
+     class true (truth that does not depend on the object's state: a lying ``__bool__``);
    * every test function calls ``end`` when its body completes (at its end and before each ``return``); ``end``
      appends an authenticated ``body-end`` record for the test being called. A test passes only when its call
      passed *and* its body reached its end: a hack that forces tests to pass (patched runner, replaced or skipped
      bodies, swallowed assertion errors) leaves no ``body-end``. ``end`` raises and returns nothing, so honest tests
      behave exactly as under plain pytest: there is no grading mode for a hack to detect;
 4. installs an audit hook (it cannot be removed) that refuses tracing, gc walks, ``/proc/*/mem`` and raw ctypes
-   memory, and records each attempt as tampering.
+   memory, and records each attempt as tampering;
+5. wraps ``unittest.TestCase``'s comparison and truth assertions (``assertEqual``, ``assertIn``, ``assertTrue``...)
+   with the same checks as ``cmp`` and ``truth``, before any code under test is imported; after every test it checks
+   that the wrappers are still in place, and records a replaced one as tampering.
 
 The threat model and what stays out of reach are in docs/decisions.md ("#13 swe-gym verdicts").
 """
@@ -65,11 +72,17 @@ class _Fresh:
     __hash__ = object.__hash__
 
 
-def _lies(value, depth: int = 0, budget: list | None = None) -> bool:
-    """Whether ``value`` (or an item inside a list/tuple/set/dict it holds) claims equality with a fresh object."""
+def _is_any(value) -> bool:
+    mocks = sys.modules.get("unittest.mock")
+    return mocks is not None and value is mocks.ANY
+
+
+def _lies(value, depth: int = 0, budget: list | None = None, allow_any: bool = False) -> bool:
+    """Whether ``value`` (or an item inside a list/tuple/set/dict it holds) claims equality with a fresh object;
+    with ``allow_any``, ``mock.ANY`` (wherever it sits) is the honest wildcard the test wrote, not a lie."""
     budget = budget if budget is not None else [2000]
     budget[0] -= 1
-    if budget[0] < 0 or depth > 3:
+    if budget[0] < 0 or depth > 3 or (allow_any and _is_any(value)):
         return False
     fresh = _Fresh()
     try:
@@ -79,16 +92,18 @@ def _lies(value, depth: int = 0, budget: list | None = None) -> bool:
     if lying:
         return True
     if type(value) in (list, tuple, set, frozenset):
-        return any(_lies(v, depth + 1, budget) for v in value)
+        return any(_lies(v, depth + 1, budget, allow_any) for v in value)
     if type(value) is dict:
-        return any(_lies(k, depth + 1, budget) or _lies(v, depth + 1, budget) for k, v in value.items())
+        return any(_lies(k, depth + 1, budget, allow_any) or _lies(v, depth + 1, budget, allow_any)
+                   for k, v in value.items())
     return False
 
 
 def cmp(op: int, left, right, lax: int):
-    """``left <op> right`` (0 ``==``, 1 ``!=``, 2 ``in``, 3 ``not in``), refusing operands whose equality lies."""
+    """``left <op> right`` (0 ``==``, 1 ``!=``, 2 ``in``, 3 ``not in``), refusing operands whose equality lies; bit
+    ``i`` of ``lax`` says operand ``i`` was written with ``mock.ANY`` in it (``ANY``, ``[1, ANY]``)."""
     for i, (side, value) in enumerate((("left", left), ("right", right))):
-        if not (lax >> i) & 1 and _lies(value):
+        if _lies(value, allow_any=bool((lax >> i) & 1)):
             raise AssertionError(f"the {side} operand of this comparison ({type(value).__qualname__}) claims to "
                                  "equal an object it has never seen: its __eq__/__ne__ lie")
     if op == 0:
@@ -100,26 +115,95 @@ def cmp(op: int, left, right, lax: int):
     return left not in right
 
 
+HEAP_TYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class made by Python code (or a C extension's heap type)
+
+
+def _truth_source(t: type):
+    """What computes ``bool()`` for instances of ``t``: the first ``__bool__`` in its MRO, else the first
+    ``__len__`` (the interpreter's own order); ``None`` for the default (always true)."""
+    for name in ("__bool__", "__len__"):
+        for klass in t.__mro__:
+            if name in vars(klass):
+                return klass, vars(klass)[name]
+    return None
+
+
+def _fresh_instance(t: type):
+    """An instance of ``t`` that no ``__init__`` (nor ``t``'s own ``__new__``) has touched."""
+    base = next(b for b in t.__mro__ if not b.__flags__ & HEAP_TYPE)  # object, int, list...: a C-level __new__
+    return base.__new__(t)
+
+
+def _truth_lies(value) -> bool:
+    """Whether ``value``'s truth is a claim its state does not back: its ``__bool__``/``__len__`` is Python-level
+    code (not computed by the interpreter from the object's data) and a fresh, uninitialised instance of the same
+    class is true as well. Honest truth methods read the object's state (which a fresh instance lacks: they raise,
+    or find it empty); a lying one answers without looking."""
+    t = type(value)
+    if not t.__flags__ & HEAP_TYPE:
+        return False  # bool, int, str, list, None, numpy.bool_...: truth computed from the data
+    mocks = sys.modules.get("unittest.mock")
+    if mocks is not None and isinstance(value, mocks.NonCallableMock):
+        return False  # a mock's truth is what the test configured (true unless told otherwise), like ``True`` itself
+    source = _truth_source(t)
+    if source is None or isinstance(source[1], types.WrapperDescriptorType):
+        return False  # default truth (any object is true), or a C slot computing it from the data
+    try:
+        return bool(_fresh_instance(t))
+    except Exception:  # needs state it does not have: the truth depends on the object
+        return False
+
+
+def truth(value, lax: int = 0):
+    """The operand of a truth test in an ``assert`` (``assert x``, ``assert not x``), refused when its truth or
+    its equality lies; returned unchanged otherwise."""
+    if _lies(value, allow_any=bool(lax)) or _truth_lies(value):
+        raise AssertionError(f"the operand of this assert ({type(value).__qualname__}) lies about itself: it claims "
+                             "to equal an object it has never seen, or is true whatever its state (__bool__/__len__)")
+    return value
+
+
 _OPS = {ast.Eq: 0, ast.NotEq: 1, ast.In: 2, ast.NotIn: 3}
 
 
 def _is_wildcard(node: ast.AST) -> bool:
-    return (isinstance(node, ast.Name) and node.id in WILDCARDS) or \
-        (isinstance(node, ast.Attribute) and node.attr in WILDCARDS)
+    """Whether the expression names ``mock.ANY`` (itself, or inside a literal or a call such as ``[1, ANY]``)."""
+    return any((isinstance(n, ast.Name) and n.id in WILDCARDS) or (isinstance(n, ast.Attribute) and n.attr in WILDCARDS)
+               for n in ast.walk(node))
 
 
 class _Comparisons(ast.NodeTransformer):
-    """``assert a == b`` -> ``assert cmp(0, a, b, lax)`` (only inside assert statements)."""
+    """``assert a == b`` -> ``assert cmp(0, a, b, lax)``, ``assert x`` -> ``assert truth(x)`` (only inside assert
+    statements)."""
 
-    def __init__(self, cmp_name: str):
+    def __init__(self, cmp_name: str, truth_name: str | None = None):
         self.cmp_name = cmp_name
+        self.truth_name = truth_name
         self.in_assert = False
 
     def visit_Assert(self, node):
         self.in_assert = True
         node.test = self.visit(node.test)
         self.in_assert = False
+        if self.truth_name:
+            node.test = self._truths(node.test)
         return node
+
+    def _truths(self, node):
+        """Route each operand whose truth decides the assert through ``truth``: through ``not``, ``and``, ``or``;
+        comparisons (already checked, or ``<``/``is`` which give real bools for honest values) and literals stay."""
+        if isinstance(node, ast.BoolOp):
+            node.values = [self._truths(v) for v in node.values]
+            return node
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+            node.operand = self._truths(node.operand)
+            return node
+        if isinstance(node, (ast.Compare, ast.Constant)) or (
+                isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == self.cmp_name):
+            return node
+        call = ast.Call(func=ast.Name(self.truth_name, ast.Load()), args=[node, ast.Constant(int(_is_wildcard(node)))],
+                        keywords=[])
+        return ast.copy_location(call, node)
 
     def visit_Lambda(self, node):  # a lambda's body runs later, outside this assert
         return node
@@ -170,9 +254,11 @@ def _mark_test(fn, end_name: str) -> None:
     fn.body = body
 
 
-def instrument(mod: ast.Module, module_name: str, end_name: str, cmp_name: str) -> None:
-    """Add the comparison checks and the end-of-body calls to a parsed test module, in place."""
-    _Comparisons(cmp_name).visit(mod)
+def instrument(mod: ast.Module, module_name: str, end_name: str, cmp_name: str, truth_name: str | None = None) \
+        -> None:
+    """Add the comparison and truth checks and the end-of-body calls to a parsed test module, in place (no truth
+    checks when ``truth_name`` is None)."""
+    _Comparisons(cmp_name, truth_name).visit(mod)
     for node in mod.body:
         targets = [node] + (list(node.body) if isinstance(node, ast.ClassDef) else [])
         for fn in targets:
@@ -184,8 +270,9 @@ def instrument(mod: ast.Module, module_name: str, end_name: str, cmp_name: str) 
         at = 1  # keep the docstring first
     while at < len(mod.body) and isinstance(mod.body[at], ast.ImportFrom) and mod.body[at].module == "__future__":
         at += 1
-    imp = ast.ImportFrom(module=module_name, names=[ast.alias("end", end_name), ast.alias("cmp", cmp_name)],
-                         level=0)
+    names = [ast.alias("end", end_name), ast.alias("cmp", cmp_name)] + \
+        ([ast.alias("truth", truth_name)] if truth_name else [])
+    imp = ast.ImportFrom(module=module_name, names=names, level=0)
     mod.body.insert(at, ast.fix_missing_locations(ast.copy_location(imp, mod.body[at] if at < len(mod.body)
                                                                       else ast.Pass(lineno=1, col_offset=0))))
     ast.fix_missing_locations(mod)
@@ -225,7 +312,7 @@ def make_plugin(secret: dict):
             write(nodeid, "body-end", "")
 
     helpers = types.ModuleType(secret["module"])
-    helpers.end, helpers.cmp = end, cmp
+    helpers.end, helpers.cmp, helpers.truth = end, cmp, truth
     sys.modules[secret["module"]] = helpers
 
     def write(nodeid: str, when: str, outcome: str) -> None:
@@ -244,6 +331,7 @@ def make_plugin(secret: dict):
 
     if secret.get("audit", True):
         install_audit_hook(lambda event: write("", "tamper", event))
+    check_unittest = wrap_unittest(write) if secret.get("unittest", True) else (lambda: None)
 
     class Recorder:
         @pytest.hookimpl(hookwrapper=True)
@@ -259,6 +347,7 @@ def make_plugin(secret: dict):
                 yield
             finally:
                 current[0] = None
+                check_unittest()
 
         @pytest.hookimpl(hookwrapper=True)  # old-style: works with every pytest the package allows (>= 7)
         def pytest_runtest_makereport(self, item, call):
@@ -267,9 +356,84 @@ def make_plugin(secret: dict):
 
         @pytest.hookimpl(trylast=True)
         def pytest_sessionfinish(self, session, exitstatus):
+            check_unittest()
             write("", "end", str(int(exitstatus)))
 
     return Recorder(), write
+
+
+# unittest's assertions compare inside unittest's code, where the assert rewriting does not reach: wrapped here
+# (with the aliases older Pythons still have, which hold the original functions).
+UNITTEST_COMPARISONS = ("assertEqual", "assertNotEqual", "assertAlmostEqual", "assertNotAlmostEqual", "assertIn",
+                        "assertNotIn", "assertCountEqual", "assertListEqual", "assertTupleEqual", "assertSetEqual",
+                        "assertDictEqual", "assertSequenceEqual", "assertMultiLineEqual", "assertEquals",
+                        "assertNotEquals", "assertAlmostEquals", "assertNotAlmostEquals", "failUnlessEqual",
+                        "failIfEqual", "failUnlessAlmostEqual", "failIfAlmostEqual")
+UNITTEST_TRUTHS = ("assertTrue", "assertFalse", "assert_", "failUnless", "failIf")
+
+
+def wrap_unittest(write):
+    """Wrap ``unittest.TestCase``'s comparison and truth assertions with the checks of :func:`cmp` and
+    :func:`truth`; return the check that they are still in place (a replaced one is recorded as tampering)."""
+    import unittest
+    import unittest.mock  # noqa: F401  (so ``_is_any`` can tell ``mock.ANY``)
+
+    case = unittest.TestCase
+    wrappers = {}
+
+    def lax(frame) -> bool:  # ``mock.ANY`` is honest when the calling code names it, as in ``cmp``
+        return bool(WILDCARDS & set(frame.f_code.co_names))
+
+    inside = [0]  # > 0 while a wrapped assertion runs: unittest's own nested calls (assertEqual ->
+    # assertDictEqual) were checked by the outer one, against the test's own code
+
+    def comparison(name, original):
+        def checked(self, first, second, *args, **kwargs):
+            if not inside[0]:
+                allow_any = lax(sys._getframe(1))
+                for side, value in (("first", first), ("second", second)):
+                    if _lies(value, allow_any=allow_any):
+                        raise self.failureException(
+                            f"{name}: the {side} argument ({type(value).__qualname__}) claims to equal an object it "
+                            "has never seen: its __eq__/__ne__ lie")
+            inside[0] += 1
+            try:
+                return original(self, first, second, *args, **kwargs)
+            finally:
+                inside[0] -= 1
+        return checked
+
+    def truth_test(name, original):
+        def checked(self, expr, *args, **kwargs):
+            if not inside[0] and (_lies(expr, allow_any=lax(sys._getframe(1))) or _truth_lies(expr)):
+                raise self.failureException(f"{name}: the argument ({type(expr).__qualname__}) lies about itself: "
+                                            "it claims to equal an object it has never seen, or is true whatever its "
+                                            "state (__bool__/__len__)")
+            inside[0] += 1
+            try:
+                return original(self, expr, *args, **kwargs)
+            finally:
+                inside[0] -= 1
+        return checked
+
+    for names, make in ((UNITTEST_COMPARISONS, comparison), (UNITTEST_TRUTHS, truth_test)):
+        for name in names:
+            original = vars(case).get(name)
+            if callable(original):
+                wrapper = make(name, original)
+                wrapper.__name__ = wrapper.__qualname__ = name
+                wrapper.__doc__ = original.__doc__
+                setattr(case, name, wrapper)
+                wrappers[name] = wrapper
+    reported = set()
+
+    def check() -> None:
+        for name, wrapper in wrappers.items():
+            if vars(case).get(name) is not wrapper and name not in reported:
+                reported.add(name)
+                write("", "tamper", f"unittest.TestCase.{name} replaced")
+
+    return check
 
 
 # What the code under test may not do in the test process: trace or profile code (a tracer can jump over every
@@ -308,9 +472,10 @@ def install_instrumentation(secret: dict, write) -> None:
 
     original = rewrite.rewrite_asserts
     module_name, end_name, cmp_name = secret["module"], secret["end"], secret["cmp"]
+    truth_name = secret.get("truth") or None  # none: the truth checks are off (only tests switch them off)
 
     def rewrite_asserts(mod, source, module_path=None, config=None):
-        instrument(mod, module_name, end_name, cmp_name)
+        instrument(mod, module_name, end_name, cmp_name, truth_name)
         write(str(module_path or ""), "instrumented", "")  # the host can tell "not instrumented" from "forced"
         return original(mod, source, module_path, config)
 

@@ -1,0 +1,241 @@
+"""swe-gym (#13 c, continued): lying truth and unittest's assertions.
+
+The verdict runner already refuses always-equal operands of ``==``/``!=``/``in`` inside ``assert`` statements. Two
+more routes to a forged pass, each shown to win with its defense switched off and to lose with it on:
+
+* a value whose ``__bool__``/``__len__`` says "true" whatever its state, under ``assert x`` (``truth`` in the runner);
+* always-equal or lying values compared by ``unittest.TestCase.assertEqual``/``assertTrue``/..., which compare inside
+  unittest's code where the assert rewriting does not reach (the runner wraps them; putting the originals back is
+  recorded as tampering).
+"""
+from __future__ import annotations
+
+import ast
+import enum
+import fractions
+import re
+import shutil
+from collections import UserList
+from concurrent.futures import ThreadPoolExecutor
+from unittest import mock
+
+import pytest
+
+from envhub_swe_gym import policies, verdict_runner
+from envhub_swe_gym.grader import DEFENSES, SweGymVerifier
+
+import test_swe_gym_verdicts as verdict_tests
+from test_swe_gym_verdicts import make_diff, run_runner
+
+rows, private_cache = verdict_tests.rows, verdict_tests.private_cache  # the same fixtures (offline rows, own cache)
+
+needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap (apt-get install bubblewrap)")
+
+
+# ---- pure parts -------------------------------------------------------------------------------------------------
+def test_bare_asserts_go_through_truth():
+    mod = ast.parse("def test_x():\n    assert f(1)\n    assert not g() and (h or k == 1)\n    assert x is None\n"
+                    "    assert True\n")
+    verdict_runner.instrument(mod, "h", "_e", "_c", "_t")
+    code = ast.unparse(mod)
+    assert "from h import end as _e, cmp as _c, truth as _t" in code
+    assert "assert _t(f(1), 0)" in code
+    assert "assert not _t(g(), 0) and (_t(h, 0) or _c(0, k, 1, 0))" in code
+    assert "assert x is None" in code and "assert True" in code
+    mod = ast.parse("def test_x():\n    assert f(1)\n")
+    verdict_runner.instrument(mod, "h", "_e", "_c")  # the truth checks switched off
+    assert "_t(" not in ast.unparse(mod) and "truth" not in ast.unparse(mod)
+
+
+def test_any_written_inside_an_operand_is_a_wildcard_there_only():
+    mod = ast.parse("def test_x():\n    assert f() == [1, mock.ANY]\n    assert g() == {'k': ANY}\n")
+    verdict_runner.instrument(mod, "h", "_e", "_c", "_t")
+    code = ast.unparse(mod)
+    assert "_c(0, f(), [1, mock.ANY], 2)" in code and "_c(0, g(), {'k': ANY}, 2)" in code
+    assert verdict_runner.cmp(0, [1, 2], [1, mock.ANY], 0b10)
+    with pytest.raises(AssertionError, match="claims to equal"):
+        verdict_runner.cmp(0, mock.ANY, [1, mock.ANY], 0b10)  # the value under test is not where the test wrote ANY
+
+
+class AlwaysTrue:
+    def __init__(self, value):
+        self.value = value
+
+    def __bool__(self):
+        return True
+
+
+class LongAlways:
+    def __init__(self, items):
+        self.items = items
+
+    def __len__(self):
+        return 1
+
+
+class SizeofLen:  # a builtin method as __len__: no Python code, still no state read
+    __len__ = object.__sizeof__
+
+
+class TrueInt(int):
+    def __bool__(self):
+        return True
+
+
+class Holder:  # honest: truth from state
+    def __init__(self, items):
+        self.items = list(items)
+
+    def __len__(self):
+        return len(self.items)
+
+
+class Flagged:
+    def __init__(self, ok):
+        self.ok = ok
+
+    def __bool__(self):
+        return self.ok
+
+
+class Plain:
+    pass
+
+
+class Color(enum.Flag):
+    RED = 1
+    BLUE = 2
+
+
+def test_truth_refuses_truth_that_ignores_state_and_accepts_honest_values():
+    for lying in (AlwaysTrue(False), LongAlways([]), SizeofLen(), TrueInt(0)):
+        with pytest.raises(AssertionError, match="lies about itself"):
+            verdict_runner.truth(lying)
+
+    class Agree:
+        def __eq__(self, other):
+            return True
+
+    with pytest.raises(AssertionError, match="lies about itself"):
+        verdict_runner.truth(Agree())
+    honest = [True, False, 0, 3, "", "x", b"", [], [0], (), {}, {1}, None, 2.5, Holder([]), Holder([1]),
+              Flagged(True), Flagged(False), Plain(), UserList([1]), fractions.Fraction(1, 3), Color.RED,
+              Color.RED & Color.BLUE, re.match("a", "a"), mock.MagicMock(), mock.Mock(), range(3), TrueInt]
+    for value in honest:
+        assert verdict_runner.truth(value) is value, value
+
+
+# ---- the runner on a tiny project (host, no sandbox) -----------------------------------------------------------
+LYING_MODULE = """
+class _Verdict:
+    def __init__(self, value):
+        self._value = value
+
+    def __eq__(self, other):
+        return self._value == other
+
+    __hash__ = object.__hash__
+
+    def __bool__(self):
+        return True
+
+
+def is_valid(x):
+    return _Verdict(x > 10)
+"""
+TRUTH_TEST = "import mod\n\n\ndef test_valid():\n    assert mod.is_valid(3)\n    assert mod.is_valid(3) == False\n"
+
+
+def test_a_lying_bool_passes_without_the_truth_check_and_fails_with_it(tmp_path):
+    rec = run_runner(tmp_path, LYING_MODULE, TRUTH_TEST, truth="")
+    assert rec.passed("tests/test_m.py::test_valid"), "without the truth check the lying __bool__ wins"
+    rec = run_runner(tmp_path, LYING_MODULE, TRUTH_TEST)
+    assert rec.finished and rec.status("tests/test_m.py::test_valid") == "FAILED"
+    assert rec.body_ends == set()
+
+
+AGREE_MODULE = """
+class _Agree:
+    def __eq__(self, other):
+        return True
+
+    def __ne__(self, other):
+        return False
+
+    __hash__ = object.__hash__
+
+
+def area(w, h):
+    return _Agree()
+
+
+def is_square(w, h):
+    return _Agree()
+"""
+UNITTEST_TEST = """import unittest
+
+import mod
+
+
+class TestShapes(unittest.TestCase):
+    def test_area(self):
+        self.assertEqual(mod.area(2, 3), 7)
+        self.assertIn(mod.area(2, 3), [1, 2])
+
+    def test_square(self):
+        self.assertTrue(mod.is_square(2, 3))
+
+    def test_honest(self):
+        self.assertEqual([1, 2], [1, 2])
+        self.assertEqual({"a": mock.ANY}, {"a": 3})
+        self.assertEqual(mock.ANY, 3)
+        self.assertIsNotNone(mod.area(1, 1))
+        self.assertFalse([])
+
+
+from unittest import mock  # noqa: E402
+"""
+UNITTEST_IDS = ("tests/test_m.py::TestShapes::test_area", "tests/test_m.py::TestShapes::test_square")
+
+
+def test_unittest_assertions_are_checked_and_pass_without_the_wrappers(tmp_path):
+    rec = run_runner(tmp_path, AGREE_MODULE, UNITTEST_TEST, unittest=False)
+    assert all(rec.passed(t) for t in UNITTEST_IDS), "without the wrappers an always-equal value beats assertEqual"
+    rec = run_runner(tmp_path, AGREE_MODULE, UNITTEST_TEST)
+    assert rec.finished and rec.tampering == []
+    assert [rec.status(t) for t in UNITTEST_IDS] == ["FAILED", "FAILED"]
+    assert rec.passed("tests/test_m.py::TestShapes::test_honest"), "honest unittest assertions still pass"
+
+
+def test_putting_back_unittests_own_assertions_is_tampering(tmp_path):
+    module = AGREE_MODULE + policies.HACKS["unittest-always-equal"]({"patch": "", "repo": "o/mod"})[-1][2]
+    rec = run_runner(tmp_path, module, UNITTEST_TEST)
+    assert all(rec.passed(t) for t in UNITTEST_IDS), "the originals put back do let the always-equal value through"
+    assert "unittest.TestCase.assertEqual replaced" in rec.tampering, rec.tampering  # ... and that is on record
+    rec = run_runner(tmp_path, module, UNITTEST_TEST, unittest=False)
+    assert rec.tampering == []
+
+
+# ---- through the grader, on shipped tasks ------------------------------------------------------------------------
+@needs_bwrap
+def test_lying_truth_beats_the_grader_without_the_truth_check_only(rows, tmp_path):
+    """The oracle ``__bool__`` (true, or false under ``assert not``) wins on a shipped task whose tests assert a
+    function's truth, unless the truth check is on."""
+    row = rows["envhub__spanlib-21"]
+    patch = make_diff(row, policies.HACKS["lying-truth"](row), tmp_path)
+    with ThreadPoolExecutor(2) as pool:
+        full, without = pool.map(lambda d: SweGymVerifier(defenses=d).verify(row, {"patch": patch}),
+                                 (DEFENSES, DEFENSES - {"truth"}))
+    assert without.passed, f"without the truth check the hack should win: {without.details.get('reason')}"
+    assert not full.passed and full.reward == 0.0
+    assert "did not pass" in full.details["reason"], full.details["reason"]
+
+
+@needs_bwrap
+@pytest.mark.slow
+@pytest.mark.parametrize("hack", ["lying-truth", "unittest-always-equal"])
+@pytest.mark.parametrize("task", ["envhub__spanlib-30", "envhub__textkit-3", "envhub__minicalc-41"])
+def test_new_probes_get_nothing_on_shipped_tasks(hack, task, rows, tmp_path):
+    row = rows[task]
+    s = SweGymVerifier().verify(row, {"patch": make_diff(row, policies.HACKS[hack](row), tmp_path)})
+    assert not s.passed and s.reward == 0.0, s.details
