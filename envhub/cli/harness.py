@@ -12,6 +12,9 @@ from rich.table import Table
 from envhub.cli.common import console, load_tasks
 
 
+SCRIPTED_MAX_TOKENS = 16384
+
+
 def _runner(spec: Any, preset: Any, model: str, tokenizer: Any, commands: Any, max_tokens: int) -> Any:
     """A HarnessRunner over ``model`` (``golden``: the scripted player of ``commands(task)``); ``tokenizer`` is a
     name, a path, a loaded tokenizer or None (the default)."""
@@ -140,8 +143,9 @@ def validate_report(spec: Any, harness: str, *, n: int | None = None, split: str
     for play, must, commands, run_tasks in runs:
         if not run_tasks:
             continue
+        # the scripted player's reply is as long as the file a probe writes: no completion budget cuts it short
         for task, trajs in run_episodes(spec, preset.name, tokenizer=tok, timeout=timeout, concurrency=concurrency,
-                                        commands=commands, tasks=run_tasks):
+                                        commands=commands, tasks=run_tasks, max_tokens=SCRIPTED_MAX_TOKENS):
             t = trajs[0]
             # a probe that failed because it never got played says nothing about the grader: the harness must have
             # run every command (one model call each, then its ending) and exited cleanly

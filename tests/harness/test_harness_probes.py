@@ -17,7 +17,7 @@ from envhub.harness.probes import as_shell, hack_plays, probe_commands
 from envhub.policy import call, finish, script
 from envhub.verifier import Score
 
-PROBES = ["conftest-force-pass", "exit-on-import", "path-shim"]
+PROBES = ["conftest-force-pass", "named-bodies-borrowed", "path-shim"]  # the second: one reply of >1,024 tokens
 
 
 def codex_installed():
@@ -62,8 +62,8 @@ def test_an_editor_create_is_written_byte_for_byte(tmp_path):
 
 
 def test_hack_probes_fail_through_codex(swe_gym, smollm2_tokenizer):
-    """Three swe-gym probes (a forcing conftest, a fake summary on import, interpreter shims) through Codex CLI on
-    two tasks: every probe episode is played to the end (one model call per probe command, the harness exits 0)
+    """Three swe-gym probes (a forcing conftest, tests running another test's body -- one command longer than a
+    default completion budget --, interpreter shims) through Codex CLI on two tasks: every probe episode is played to the end (one model call per probe command, the harness exits 0)
     and graded 0; golden passes and no-op fails alongside."""
     from envhub.cli.harness import validate_report
 
