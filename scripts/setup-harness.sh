@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Pinned agent harnesses for the harness envs (envhub.harness), installed into project-local prefixes that the
-# sandboxes bind read-only: npm CLIs under .harness/npm, Python agents in .harness/venv. Idempotent.
+# Pinned agent harnesses for the harness envs (envhub.harness: codex, claude-code, qwen-code, opencode,
+# mini-swe-agent), installed into project-local prefixes that the sandboxes bind read-only: npm CLIs under
+# .harness/npm, Python agents in .harness/venv. Idempotent.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CODEX=0.169.0
