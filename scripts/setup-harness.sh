@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# Pinned agent harnesses for the harness envs (envhub.harness), installed into project-local prefixes that the
-# sandboxes bind read-only: npm CLIs under .harness/npm, Python agents in .harness/venv. Idempotent.
+# Pinned agent harnesses for the harness envs (envhub.harness: codex, claude-code, qwen-code, opencode,
+# mini-swe-agent), installed into project-local prefixes that the sandboxes bind read-only: npm CLIs under
+# .harness/npm, Python agents in .harness/venv. Idempotent.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CODEX=0.169.0
 CLAUDE=2.1.197
+QWEN=0.15.10      # 0.16+ needs Node.js >= 22; these machines have 20
+OPENCODE=1.18.33
 MINI=2.4.6
 PREFIX=.harness
 mkdir -p "$PREFIX/npm"
-want="@openai/codex@$CODEX @anthropic-ai/claude-code@$CLAUDE"
+want="@openai/codex@$CODEX @anthropic-ai/claude-code@$CLAUDE @qwen-code/qwen-code@$QWEN opencode-ai@$OPENCODE"
 if [ ! -f "$PREFIX/npm/.installed" ] || [ "$(cat "$PREFIX/npm/.installed")" != "$want" ]; then
     npm install --silent --no-audit --no-fund --prefix "$PREFIX/npm" $want
     echo "$want" > "$PREFIX/npm/.installed"

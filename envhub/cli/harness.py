@@ -12,18 +12,20 @@ from rich.table import Table
 from envhub.cli.common import console, load_tasks
 
 
-def _runner(spec: Any, preset: Any, model: str, tokenizer: str | None, commands: Any, max_tokens: int) -> Any:
+SCRIPTED_MAX_TOKENS = 16384
+
+
+def _runner(spec: Any, preset: Any, model: str, tokenizer: Any, commands: Any, max_tokens: int) -> Any:
+    """A HarnessRunner over ``model`` (``golden``: the scripted player of ``commands(task)``); ``tokenizer`` is a
+    name, a path, a loaded tokenizer or None (the default)."""
     from envhub.gateway import Gateway
     from envhub.harness.episode import HarnessRunner
 
     if model == "golden":
         from envhub.backends.scripted import ScriptedBackend
-        from envhub.cli.common import default_tokenizer
         from envhub.harness.presets import scripted
-        from envhub.testing.models import load_tokenizer, resolve_model
 
-        backend, tok = ScriptedBackend(scripted(preset, commands)), load_tokenizer(resolve_model(tokenizer or
-                                                                                                  default_tokenizer()))
+        backend, tok = ScriptedBackend(scripted(preset, commands)), _tokenizer(tokenizer)
     else:
         from envhub.cli.common import load_backend
 
@@ -31,19 +33,38 @@ def _runner(spec: Any, preset: Any, model: str, tokenizer: str | None, commands:
     return HarnessRunner(Gateway(backend, tok, default_max_tokens=max_tokens))
 
 
-def run_episodes(spec: Any, harness: str, *, model: str = "golden", tokenizer: str | None = None, n: int = 2,
-                 split: str | None = None, timeout: float = 600.0, max_calls: int = 60, concurrency: int = 1,
-                 max_tokens: int = 1024, noop: bool = False) -> list[tuple[dict, list]]:
-    """``[(task, trajectories)]`` for the first ``n`` tasks (``noop``: the scripted no-op instead of the golden)."""
-    from envhub.harness.presets import HarnessNotInstalled, get_preset, golden_commands, noop_commands
+def _tokenizer(tokenizer: Any) -> Any:
+    if tokenizer is not None and not isinstance(tokenizer, str):
+        return tokenizer
+    from envhub.cli.common import default_tokenizer
+    from envhub.testing.models import load_tokenizer, resolve_model
+
+    return load_tokenizer(resolve_model(tokenizer or default_tokenizer()))
+
+
+def _preset(harness: str) -> Any:
+    from envhub.harness.presets import HarnessNotInstalled, get_preset
 
     try:
         preset = get_preset(harness)
         preset.check_installed()
     except (ValueError, HarnessNotInstalled) as e:
         raise click.ClickException(str(e)) from None
-    tasks = load_tasks(spec, split)[:n]
-    runner = _runner(spec, preset, model, tokenizer, noop_commands if noop else golden_commands, max_tokens)
+    return preset
+
+
+def run_episodes(spec: Any, harness: str, *, model: str = "golden", tokenizer: Any = None, n: int = 2,
+                 split: str | None = None, timeout: float = 600.0, max_calls: int = 60, concurrency: int = 1,
+                 max_tokens: int = 1024, noop: bool = False, commands: Any = None,
+                 tasks: list[dict] | None = None) -> list[tuple[dict, list]]:
+    """``[(task, trajectories)]`` for ``tasks`` (default: the first ``n`` of the split). With ``model="golden"`` the
+    scripted player plays ``commands(task)`` (default: the golden; ``noop``: the scripted no-op)."""
+    from envhub.harness.presets import golden_commands, noop_commands
+
+    preset = _preset(harness)
+    tasks = load_tasks(spec, split)[:n] if tasks is None else tasks
+    commands = commands or (noop_commands if noop else golden_commands)
+    runner = _runner(spec, preset, model, tokenizer, commands, max_tokens)
     try:
         with ThreadPoolExecutor(max(1, concurrency)) as pool:
             results = list(pool.map(lambda t: runner.run(spec, preset, t, timeout_s=timeout, max_calls=max_calls),
@@ -86,15 +107,90 @@ def rollout(spec: Any, harness: str, model: str, tokenizer: str | None, n: int, 
         raise SystemExit(1)
 
 
-def validate(spec: Any, harness: str, n: int | None, split: str | None, tokenizer: str | None = None) -> None:
-    """The golden through the real harness must pass every task; the no-op must fail every one."""
-    golden = run_episodes(spec, harness, tokenizer=tokenizer, n=n or 2, split=split)
-    noop = run_episodes(spec, harness, tokenizer=tokenizer, n=n or 2, split=split, noop=True)
-    console.print(episodes_table(f"golden through {harness}", golden))
-    console.print(episodes_table(f"no-op through {harness}", noop))
-    bad = [f"golden failed on {t['task_id']}" for t, ts in golden if not ts[0].passed]
-    bad += [f"no-op passed on {t['task_id']}" for t, ts in noop if ts[0].passed]
-    if bad:
-        console.print(f"[red]{spec.id} through {harness}: " + "; ".join(bad))
+def validate_report(spec: Any, harness: str, *, n: int | None = None, split: str | None = None,
+                    tokenizer: Any = None, probes: list[str] | None = None, concurrency: int = 1,
+                    timeout: float = 600.0) -> dict[str, Any]:
+    """Golden, no-op and the env's hack probes through the real harness on the first ``n`` tasks (default 2).
+
+    ``{"rows": [...], "skipped": [...], "problems": [...], "fit": bool}``: one row per episode (``play`` is
+    ``golden``, ``noop`` or ``hack:NAME``; ``must`` is ``pass`` or ``fail``); a hack probe that cannot be played as
+    the harness's shell commands (:mod:`envhub.harness.probes`) is a ``skipped`` entry with the reason. ``probes``
+    limits the hack probes played (default: all the env declares); an unknown name is an error."""
+    from envhub.harness.presets import golden_commands, noop_commands
+    from envhub.harness.probes import hack_plays
+
+    unknown = sorted(set(probes or []) - set(spec.hack_probes))
+    if unknown:
+        raise click.ClickException(f"{spec.id} declares no hack probe {', '.join(unknown)}; it declares: "
+                                   f"{', '.join(sorted(spec.hack_probes)) or 'none'}")
+    preset, tok = _preset(harness), _tokenizer(tokenizer)
+    tasks = load_tasks(spec, split)[:n or 2]
+    plays = {str(t["task_id"]): hack_plays(spec, t) for t in tasks}
+    wanted = sorted(spec.hack_probes) if probes is None else sorted(set(probes))
+    runs: list[tuple[str, str, Any, list[dict]]] = [("golden", "pass", golden_commands, tasks),
+                                                     ("noop", "fail", noop_commands, tasks)]
+    skipped = []
+    for name in wanted:
+        playable = []
+        for t in tasks:
+            play = plays[str(t["task_id"])][name]
+            if isinstance(play, str):
+                skipped.append({"play": f"hack:{name}", "task_id": t["task_id"], "reason": play})
+            else:
+                playable.append(t)
+        runs.append((f"hack:{name}", "fail", lambda t, name=name: plays[str(t["task_id"])][name], playable))
+    rows, problems = [], []
+    for play, must, commands, run_tasks in runs:
+        if not run_tasks:
+            continue
+        # the scripted player's reply is as long as the file a probe writes: no completion budget cuts it short
+        for task, trajs in run_episodes(spec, preset.name, tokenizer=tok, timeout=timeout, concurrency=concurrency,
+                                        commands=commands, tasks=run_tasks, max_tokens=SCRIPTED_MAX_TOKENS):
+            t = trajs[0]
+            # a probe that failed because it never got played says nothing about the grader: the harness must have
+            # run every command (one model call each, then its ending) and exited cleanly
+            want_calls, exit_code = len(commands(task)) + 1, t.details.get("harness_exit", {}).get("exit_code")
+            played = t.finish_reason == "done" and exit_code == 0 and t.num_turns == want_calls
+            ok = played and (t.passed if must == "pass" else not t.passed)
+            rows.append({"play": play, "must": must, "task_id": task["task_id"], "reward": t.reward,
+                         "passed": t.passed, "played": played, "ok": ok, "finish_reason": t.finish_reason,
+                         "error": t.error, "calls": t.num_turns, "chains": len(trajs), "trajectories": trajs})
+            if not played:
+                problems.append(f"{play} was not played through on {task['task_id']} ({t.finish_reason}, harness "
+                                f"exit {exit_code}, {t.num_turns} of {want_calls} model calls): no verdict")
+            elif not ok:
+                problems.append(f"{play} {'failed' if must == 'pass' else 'passed'} on {task['task_id']} "
+                                f"(reward {t.reward:g})")
+    return {"env": spec.id, "harness": preset.name, "rows": rows, "skipped": skipped, "problems": problems,
+            "fit": not problems}
+
+
+def validate(spec: Any, harness: str, n: int | None, split: str | None, tokenizer: str | None = None,
+             probes: list[str] | None = None, concurrency: int = 1, json_out: str | None = None) -> None:
+    """The golden through the real harness must pass every task; the no-op and every playable hack probe must fail
+    every one; hack probes that cannot be played are listed as skipped, with the reason."""
+    report = validate_report(spec, harness, n=n, split=split, tokenizer=tokenizer, probes=probes,
+                             concurrency=concurrency)
+    table = Table(title=f"{spec.id} through {harness}: golden must pass, no-op and hack probes must fail")
+    for col in ("play", "task", "must", "reward", "verdict", "outcome"):
+        table.add_column(col)
+    for r in report["rows"]:
+        table.add_row(r["play"], str(r["task_id"]), r["must"], f"{r['reward']:g}",
+                      "[green]ok" if r["ok"] else "[red]UNFIT" if r["played"] else "[red]not played",
+                      r["finish_reason"] + (f": {r['error'].splitlines()[0][:60]}" if r["error"] else ""))
+    for s in report["skipped"]:
+        table.add_row(s["play"], str(s["task_id"]), "fail", "-", "[yellow]skipped", s["reason"][:100])
+    console.print(table)
+    if json_out:
+        import json
+        from pathlib import Path
+
+        rows = [{k: v for k, v in r.items() if k != "trajectories"} for r in report["rows"]]
+        Path(json_out).write_text(json.dumps({**report, "rows": rows}, indent=2, default=str))
+    if report["problems"]:
+        console.print(f"[red]{spec.id} through {harness}: unfit: " + "; ".join(report["problems"]))
         raise SystemExit(1)
-    console.print(f"[green]{spec.id} through {harness}: golden passes and no-op fails on all {len(golden)} tasks")
+    hacks = sum(r["play"].startswith("hack:") for r in report["rows"])
+    console.print(f"[green]{spec.id} through {harness}: golden passes and no-op fails on all "
+                  f"{sum(r['play'] == 'golden' for r in report['rows'])} tasks; {hacks} hack-probe episode(s) fail, "
+                  f"{len(report['skipped'])} skipped")

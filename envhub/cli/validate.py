@@ -41,9 +41,13 @@ def report_table(report) -> Table:
 @click.option("--regrades", type=int, default=None, help="Re-grading calls per env run, at least (default 2000; "
               "more catches rarer leaks: see envhub.grading).")
 @click.option("--grade-timeout", type=float, default=None, help="Seconds one verify() call may take (default 300).")
-@click.option("--harness", default=None, help="Play the golden and the no-op through this agent CLI instead.")
+@click.option("--harness", default=None, help="Play the golden, the no-op and the env's hack probes through this "
+              "agent CLI instead (see docs/gateway.md).")
+@click.option("--probe", "probes", multiple=True, help="With --harness: play only this hack probe (repeatable; "
+              "default: every probe the env declares).")
 def validate_cmd(target: str, n: int | None, split: str | None, json_out: str | None, concurrency: int,
-                 strict: bool, regrades: int | None, grade_timeout: float | None, harness: str | None) -> None:
+                 strict: bool, regrades: int | None, grade_timeout: float | None, harness: str | None,
+                 probes: tuple[str, ...]) -> None:
     """Admission for an env (installed id or plugin source PATH): golden passes, no-op fails, replays agree,
     malformed actions are handled, hack probes and the built-in probes fail, re-grades agree. Exits 1 when the
     verifier is unfit."""
@@ -56,7 +60,10 @@ def validate_cmd(target: str, n: int | None, split: str | None, json_out: str | 
     if harness:
         from envhub.cli import harness as harness_cli
 
-        return harness_cli.validate(spec, harness, n, split)
+        return harness_cli.validate(spec, harness, n, split, probes=list(probes) or None,
+                                    concurrency=min(concurrency, 2), json_out=json_out)
+    if probes:
+        raise click.UsageError("--probe picks the hack probes played through a harness: it needs --harness")
     rows = load_tasks(spec, split)  # a bad task file is one clear line here, not a traceback inside admission
     total = len(rows) if n is None else min(n, len(rows))
     with Progress(console=console, transient=True) as progress:

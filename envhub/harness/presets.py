@@ -14,7 +14,18 @@ preset               pinned                      API                    shell to
                      2.1.197
 ``mini-swe-agent``   ``mini-swe-agent`` 2.4.6    Chat, not streaming    ``bash{command}`` / the command
                                                                         ``echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT``
+``qwen-code``        ``@qwen-code/qwen-code``    Chat, streaming        ``run_shell_command{command, description}``
+                     0.15.10                                            / a final message
+``opencode``         ``opencode-ai`` 1.18.33     Chat, streaming        ``bash{command, description}`` / a final
+                                                                        message
 ===================  ==========================  =====================  =========================================
+
+Qwen Code 0.16 and later need Node.js 22 (these machines have 20), hence 0.15.10. Qwen Code opens every
+conversation with an exchange of its own (a context message and the assistant reply "Got it. Thanks for the
+context!", which no model sampled): the gateway starts the chain there, so that reply is prompt context (mask 0),
+and the scripted player counts only replies with tool calls as its steps. opencode runs with ``--title`` (no
+title-generator side call) and ``small_model`` on the gateway too; its provider is ``@ai-sdk/openai-compatible``
+(bundled: nothing is downloaded at start), which speaks chat completions.
 """
 from __future__ import annotations
 
@@ -78,6 +89,25 @@ def _claude_files(url: str, key: str) -> dict[str, str]:
     return {f"{HOME}/.claude/.claude.json": json.dumps(state), f"{HOME}/.claude.json": json.dumps(state)}
 
 
+def _qwen_files(url: str, key: str) -> dict[str, str]:
+    settings = {"telemetry": {"enabled": False}, "privacy": {"usageStatisticsEnabled": False},
+                "general": {"disableAutoUpdate": True, "disableUpdateNag": True},
+                "security": {"auth": {"selectedType": "openai"}}}
+    return {f"{HOME}/.qwen/settings.json": json.dumps(settings)}
+
+
+def _opencode_files(url: str, key: str) -> dict[str, str]:
+    # @ai-sdk/openai-compatible speaks chat completions (provider "openai" would speak Responses); small_model keeps
+    # the title generator's side call on our model instead of a default hosted one
+    config = {"$schema": "https://opencode.ai/config.json",
+              "provider": {"envhub": {"npm": "@ai-sdk/openai-compatible", "name": "envhub",
+                                      "models": {MODEL: {"name": MODEL, "tool_call": True}},
+                                      "options": {"baseURL": f"{url}/v1", "apiKey": key}}},
+              "model": f"envhub/{MODEL}", "small_model": f"envhub/{MODEL}", "autoupdate": False,
+              "share": "disabled", "permission": {"edit": "allow", "bash": "allow", "webfetch": "deny"}}
+    return {f"{HOME}/.config/opencode/opencode.json": json.dumps(config)}
+
+
 PRESETS: dict[str, Preset] = {p.name: p for p in [
     Preset(
         "codex", "responses", "@openai/codex@0.169.0", "npm/node_modules/.bin/codex",
@@ -111,6 +141,27 @@ PRESETS: dict[str, Preset] = {p.name: p for p in [
         # every reply must carry a tool call; the episode ends with this command
         ending=lambda: Action("Submitting.", [ToolCall("bash", {"command": "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"})]),
     ),
+    Preset(
+        "qwen-code", "chat", "@qwen-code/qwen-code@0.15.10", "npm/node_modules/.bin/qwen",
+        argv=lambda task: ["--yolo", "--auth-type", "openai", "--prompt", task],
+        # the model through OPENAI_MODEL only (Polar: the variable and --model conflict on proxied backends)
+        env=lambda url, key: {"OPENAI_API_KEY": key, "OPENAI_BASE_URL": f"{url}/v1", "OPENAI_MODEL": MODEL},
+        files=_qwen_files,
+        shell=lambda cmd: ToolCall("run_shell_command", {"command": cmd, "description": "Run a shell command"}),
+        ending=lambda: Action("I applied the fix."),
+        notes="puts an assistant message of its own in the history (never sampled: prompt context, mask 0)",
+    ),
+    Preset(
+        "opencode", "chat", "opencode-ai@1.18.33", "npm/node_modules/.bin/opencode",
+        argv=lambda task: ["run", "--model", f"envhub/{MODEL}", "--format", "json", "--auto", "--title", "envhub", "--",
+                           task],
+        env=lambda url, key: {"OPENCODE_DISABLE_AUTOUPDATE": "1", "OPENCODE_DISABLE_LSP_DOWNLOAD": "1",
+                              "OPENCODE_DISABLE_MODELS_FETCH": "1", "OPENCODE_DISABLE_SHARE": "1"},
+        files=_opencode_files,
+        shell=lambda cmd: ToolCall("bash", {"command": cmd, "description": "Run a shell command"}),
+        ending=lambda: Action("I applied the fix."),
+        notes="a title-generator side call (no tools): an aux chain",
+    ),
 ]}
 
 
@@ -123,9 +174,11 @@ def get_preset(name: str) -> Preset:
 
 def scripted(preset: Preset, commands: Callable[[dict], list[str]]) -> Callable:
     """A protocol-aware scripted player: ``commands(task)`` as the harness's own shell tool calls, one per model
-    call, then the harness's ending. The turn is the number of assistant turns in the conversation so far."""
+    call, then the harness's ending."""
     def policy(task, messages):
-        turn = sum(m.get("role") == "assistant" for m in messages)
+        # steps taken = assistant messages with tool calls: a harness may put an assistant message of its own in
+        # the history (Qwen Code's "Got it. Thanks for the context!"), which is no step of ours
+        turn = sum(m.get("role") == "assistant" and bool(m.get("tool_calls")) for m in messages)
         cmds = commands(task)
         if turn < len(cmds):
             return Action(f"Step {turn + 1}.", [preset.shell(cmds[turn])])

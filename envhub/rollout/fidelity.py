@@ -8,7 +8,8 @@ gradient is silently wrong. :func:`check_trajectory` proves the opposite, turn b
    logprobs are finite, 0.0 on env tokens and at most 0 on sampled ones.
 2. ``prompt_ids`` are the chat template's rendering of the opening messages (plus generation prompt), tokenized
    by the tokenizer's own pipeline (never the executor's fast word path, which the check must not grade itself).
-3. The record alternates: the ids of assistant turn *k* (mask 1), then the env's reply to it (mask 0). With
+3. The record alternates: the ids of assistant turn *k* (mask 1), then the env's reply to it (mask 0); an
+   assistant message the model did not sample (:func:`sampled_turns`) is part of the prompt or the env's reply. With
    ``generations`` (what the backend returned), each turn's ids and logprobs must equal the sampled ones exactly.
 4. Each env span decodes to the template's rendering of the env messages after that turn (re-rendered from
    ``traj.messages`` with :meth:`ChatCodec.delta_text`) and, with ``strict=True``, has exactly the ids of that
@@ -77,6 +78,24 @@ def tools_of(traj: Trajectory) -> list[dict] | None:
     return json.loads(t) if isinstance(t, str) else t
 
 
+def sampled_turns(traj: Trajectory) -> list[int] | str:
+    """Indices of the assistant messages the model sampled (or why the record's own list is malformed).
+
+    Every assistant message, unless the trajectory says which: the gateway's trajectories carry
+    ``details["turns"]`` (``[message index, start, end]`` per model call), because a harness may put assistant
+    messages of its own into the history (Qwen Code opens with "Got it. Thanks for the context!", which no model
+    sampled). Those are context: they must then sit in the prompt or an env span, rendered by the template, mask 0."""
+    msgs = traj.messages
+    listed = traj.details.get("turns") if isinstance(traj.details, dict) else None
+    if not listed:
+        return [i for i, m in enumerate(msgs) if m.get("role") == "assistant"]
+    idx = [t[0] for t in listed]
+    if any(not isinstance(i, int) or not 0 <= i < len(msgs) or msgs[i].get("role") != "assistant" for i in idx) \
+            or idx != sorted(set(idx)):
+        return f"details['turns'] names {idx}, not increasing indices of assistant messages in messages"
+    return idx
+
+
 def assert_faithful(traj: Trajectory | dict[str, Any], tokenizer_or_codec: Any, **kwargs: Any) -> None:
     """:func:`check_trajectory`, raising :class:`FidelityError` (with every problem) when there is any."""
     problems = check_trajectory(traj, tokenizer_or_codec, **kwargs)
@@ -122,7 +141,9 @@ def check_trajectory(traj: Trajectory | dict[str, Any], tokenizer_or_codec: Any,
 
     # 2. the prompt
     msgs = traj.messages
-    turns = [i for i, m in enumerate(msgs) if m.get("role") == "assistant"]
+    turns = sampled_turns(traj)
+    if isinstance(turns, str):
+        return problems + [turns]
     opening = msgs[: turns[0]] if turns else msgs
     try:
         want = codec.prompt_ids(opening, exact=True)

@@ -1,4 +1,4 @@
-"""Unmodified agent CLIs (Codex CLI, Claude Code, mini-swe-agent) on swe-gym, in bwrap, their model calls through the
+"""Unmodified agent CLIs (Codex CLI, Claude Code, mini-swe-agent, Qwen Code, opencode) on swe-gym, in bwrap, their model calls through the
 gateway: the golden played as each harness's own tool calls solves the task (reward 1, one main chain, every token
 exact), the no-op does not; and every way an episode goes wrong ends marked, with nothing left running."""
 from __future__ import annotations
@@ -48,7 +48,11 @@ def stray_processes() -> list[str]:
     return out
 
 
-@pytest.mark.parametrize("name", REQUIRED)
+def test_every_required_preset_exists():
+    assert set(REQUIRED) <= set(PRESETS)
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
 def test_golden_solves_and_noop_fails_through_the_real_harness(name, swe_gym, smollm2_tokenizer):
     installed(name)
     spec, tasks = swe_gym
