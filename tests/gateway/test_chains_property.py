@@ -71,7 +71,10 @@ def play(tokenizer, samples, ops, echoes, mid_system, gateway_cls=Gateway):
         elif op == "compact":  # Codex: a tool-less summary request over the history, then a rewritten history
             summary = send(main_request + [echo(reply, how), {"role": "user", "content": "CONTEXT CHECKPOINT "
                                                               "COMPACTION: summarise."}], None, None)
-            history = opening("Another model started this task and produced a summary: "
+            # numbered: the scripted backend cycles through 8 samples, so after enough compactions two summaries
+            # can be byte-identical, and an identical request re-sent *is* a retry to the gateway (nothing else
+            # tells them apart); a real model's summaries differ
+            history = opening(f"Another model started this task and produced summary {n}: "
                               + results[summary].text)
             main = send(history, TOOLS, None)
             main_request = list(history)
