@@ -6,6 +6,7 @@ import socket
 import threading
 import time
 
+import psutil
 import pytest
 
 from envhub.sandbox import SandboxError, SandboxSpec, lifecycle, start
@@ -270,7 +271,11 @@ def test_stop_does_not_wait_for_a_running_command(fresh):
 
     t = threading.Thread(target=long_call)
     t.start()
-    time.sleep(0.5)
+    # stop only once the command really runs (a fixed sleep raced a loaded machine: the stop came first)
+    deadline = time.monotonic() + 30
+    while not any(p.info["cmdline"] == ["sleep", "60"] for p in psutil.process_iter(["cmdline"])):
+        assert time.monotonic() < deadline, "the command never started"
+        time.sleep(0.05)
     t0 = time.monotonic()
     box.stop()
     t.join(timeout=10)
