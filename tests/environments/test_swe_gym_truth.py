@@ -12,16 +12,13 @@ from __future__ import annotations
 
 import ast
 import enum
-import fractions
-import re
+import inspect
 import shutil
-from collections import UserList
 from concurrent.futures import ThreadPoolExecutor
-from unittest import mock
 
 import pytest
 
-from envhub_swe_gym import policies, verdict_runner
+from envhub_swe_gym import policies, verdict_instrument
 from envhub_swe_gym.grader import DEFENSES, SweGymVerifier
 
 import test_swe_gym_verdicts as verdict_tests
@@ -33,28 +30,29 @@ needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bu
 
 
 # ---- pure parts -------------------------------------------------------------------------------------------------
+def unparse(source: str, truths: bool = True) -> str:
+    mod = ast.parse(source)
+    verdict_instrument.instrument(mod, truths)
+    return ast.unparse(mod).replace(repr(verdict_instrument.PLACEHOLDER)[1:-1], "@")
+
+
 def test_bare_asserts_go_through_truth():
-    mod = ast.parse("def test_x():\n    assert f(1)\n    assert not g() and (h or k == 1)\n    assert x is None\n"
-                    "    assert True\n")
-    verdict_runner.instrument(mod, "h", "_e", "_c", "_t")
-    code = ast.unparse(mod)
-    assert "from h import end as _e, cmp as _c, truth as _t" in code
-    assert "assert _t(f(1), 0)" in code
-    assert "assert not _t(g(), 0) and (_t(h, 0) or _c(0, k, 1, 0))" in code
+    code = unparse("def test_x():\n    assert f(1)\n    assert not g() and (h or k == 1)\n    assert x is None\n"
+                   "    assert True\n")
+    assert "assert '@truth'(f(1), 0)" in code
+    assert "assert not '@truth'(g(), 0) and ('@truth'(h, 0) or '@cmp'(0, k, 1, 0))" in code
     assert "assert x is None" in code and "assert True" in code
-    mod = ast.parse("def test_x():\n    assert f(1)\n")
-    verdict_runner.instrument(mod, "h", "_e", "_c")  # the truth checks switched off
-    assert "_t(" not in ast.unparse(mod) and "truth" not in ast.unparse(mod)
+    assert "truth" not in unparse("def test_x():\n    assert f(1)\n", truths=False)  # the truth checks off
 
 
-def test_any_written_inside_an_operand_is_a_wildcard_there_only():
-    mod = ast.parse("def test_x():\n    assert f() == [1, mock.ANY]\n    assert g() == {'k': ANY}\n")
-    verdict_runner.instrument(mod, "h", "_e", "_c", "_t")
-    code = ast.unparse(mod)
-    assert "_c(0, f(), [1, mock.ANY], 2)" in code and "_c(0, g(), {'k': ANY}, 2)" in code
-    assert verdict_runner.cmp(0, [1, 2], [1, mock.ANY], 0b10)
-    with pytest.raises(AssertionError, match="claims to equal"):
-        verdict_runner.cmp(0, mock.ANY, [1, mock.ANY], 0b10)  # the value under test is not where the test wrote ANY
+def test_any_written_inside_an_operand_is_a_wildcard_there_only(tmp_path):
+    code = unparse("def test_x():\n    assert f() == [1, mock.ANY]\n    assert g() == {'k': ANY}\n")
+    assert "'@cmp'(0, f(), [1, mock.ANY], 2)" in code and "'@cmp'(0, g(), {'k': ANY}, 2)" in code
+    test = ("from unittest import mock\n\nimport mod\n\n\ndef test_wild():\n    assert [1, 2] == [1, mock.ANY]\n\n\n"
+            "def test_misplaced():\n    assert mod.ANY_LIST == [1, mock.ANY]\n")
+    rec = run_runner(tmp_path, "from unittest import mock\nANY_LIST = mock.ANY\n", test)
+    assert rec.passed("tests/test_m.py::test_wild")
+    assert rec.status("tests/test_m.py::test_misplaced") == "FAILED", "the value under test is not where ANY was written"
 
 
 class AlwaysTrue:
@@ -107,22 +105,35 @@ class Color(enum.Flag):
     BLUE = 2
 
 
-def test_truth_refuses_truth_that_ignores_state_and_accepts_honest_values():
-    for lying in (AlwaysTrue(False), LongAlways([]), SizeofLen(), TrueInt(0)):
-        with pytest.raises(AssertionError, match="lies about itself"):
-            verdict_runner.truth(lying)
+VALUES_MODULE = "import enum\nimport fractions\nimport re\nfrom collections import UserList\n" \
+    "from unittest import mock\n\n\n" + "".join(inspect.getsource(c) + "\n\n" for c in (
+        AlwaysTrue, LongAlways, SizeofLen, TrueInt, Holder, Flagged, Plain, Color)) + """
+class Agree:
+    def __eq__(self, other):
+        return True
 
-    class Agree:
-        def __eq__(self, other):
-            return True
 
-    with pytest.raises(AssertionError, match="lies about itself"):
-        verdict_runner.truth(Agree())
-    honest = [True, False, 0, 3, "", "x", b"", [], [0], (), {}, {1}, None, 2.5, Holder([]), Holder([1]),
-              Flagged(True), Flagged(False), Plain(), UserList([1]), fractions.Fraction(1, 3), Color.RED,
-              Color.RED & Color.BLUE, re.match("a", "a"), mock.MagicMock(), mock.Mock(), range(3), TrueInt]
-    for value in honest:
-        assert verdict_runner.truth(value) is value, value
+LYING = [AlwaysTrue(False), LongAlways([]), SizeofLen(), TrueInt(0), Agree()]
+HONEST = [True, False, 0, 3, "", "x", b"", [], [0], (), {}, {1}, None, 2.5, Holder([]), Holder([1]),
+          Flagged(True), Flagged(False), Plain(), UserList([1]), fractions.Fraction(1, 3), Color.RED,
+          Color.RED & Color.BLUE, re.match("a", "a"), mock.MagicMock(), mock.Mock(), range(3), TrueInt]
+"""
+
+
+def _truth_tests(lying: int, honest: int) -> str:
+    out = ["import mod\n"]
+    out += [f"\ndef test_lying_{i}():\n    assert mod.LYING[{i}]\n" for i in range(lying)]
+    out += [f"\ndef test_honest_{i}():\n    assert mod.HONEST[{i}] or not mod.HONEST[{i}]\n" for i in range(honest)]
+    return "\n".join(out)
+
+
+def test_truth_refuses_truth_that_ignores_state_and_accepts_honest_values(tmp_path):
+    log: list[str] = []
+    rec = run_runner(tmp_path, VALUES_MODULE, _truth_tests(5, 28), log=log)
+    assert rec.finished and rec.tampering == [], log
+    assert [rec.status(f"tests/test_m.py::test_lying_{i}") for i in range(5)] == ["FAILED"] * 5, log
+    assert [i for i in range(28) if not rec.passed(f"tests/test_m.py::test_honest_{i}")] == [], log
+    assert log[0].count("lie") >= 5
 
 
 # ---- the runner on a tiny project (host, no sandbox) -----------------------------------------------------------
@@ -147,7 +158,7 @@ TRUTH_TEST = "import mod\n\n\ndef test_valid():\n    assert mod.is_valid(3)\n   
 
 
 def test_a_lying_bool_passes_without_the_truth_check_and_fails_with_it(tmp_path):
-    rec = run_runner(tmp_path, LYING_MODULE, TRUTH_TEST, truth="")
+    rec = run_runner(tmp_path, LYING_MODULE, TRUTH_TEST, truth=False)
     assert rec.passed("tests/test_m.py::test_valid"), "without the truth check the lying __bool__ wins"
     rec = run_runner(tmp_path, LYING_MODULE, TRUTH_TEST)
     assert rec.finished and rec.status("tests/test_m.py::test_valid") == "FAILED"
@@ -211,7 +222,7 @@ def test_putting_back_unittests_own_assertions_is_tampering(tmp_path):
     module = AGREE_MODULE + policies.HACKS["unittest-always-equal"]({"patch": "", "repo": "o/mod"})[-1][2]
     rec = run_runner(tmp_path, module, UNITTEST_TEST)
     assert all(rec.passed(t) for t in UNITTEST_IDS), "the originals put back do let the always-equal value through"
-    assert "unittest.TestCase.assertEqual replaced" in rec.tampering, rec.tampering  # ... and that is on record
+    assert "unittest.TestCase.assertEqual was replaced during the test run" in rec.tampering, rec.tampering  # ... and that is on record
     rec = run_runner(tmp_path, module, UNITTEST_TEST, unittest=False)
     assert rec.tampering == []
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from envhub_swe_gym import loader, patchguard, policies, repos, testrun, verdict, verdict_runner
+from envhub_swe_gym import loader, patchguard, policies, repos, testrun, verdict, verdict_instrument
 from envhub_swe_gym.gitutil import git, out
 from envhub_swe_gym.grader import DEFENSES, SweGymVerifier
 
@@ -138,24 +138,19 @@ def test_canaries_are_ordinary_tests_at_random_places():
     assert len(placements) >= 4 and len(names) >= 20, "names and places change from run to run"
 
 
-def test_instrumented_comparisons_catch_lying_values():
+def test_instrumented_comparisons_catch_lying_values(tmp_path):
     mod = ast.parse("def test_x():\n    r = f()\n    assert r == 3\n    if r:\n        return\n"
                     "    assert r != 4 and 1 in [1]\n")
-    verdict_runner.instrument(mod, "h", "_e", "_c")
-    code = ast.unparse(mod)
-    assert code.count("_c(") == 3 and code.count("_e()") == 2 and "from h import end as _e, cmp as _c" in code
-
-    class Agree:
-        def __eq__(self, other):
-            return True
-
-    assert verdict_runner.cmp(0, 3, 3, 0) and not verdict_runner.cmp(0, 3, 4, 0)
-    for lying in (Agree(), [1, Agree()], {"k": Agree()}):
-        with pytest.raises(AssertionError, match="claims to equal an object it has never seen"):
-            verdict_runner.cmp(0, lying, 3, 0)
-    from unittest import mock
-
-    assert verdict_runner.cmp(0, 3, mock.ANY, 0b10), "an honest wildcard written in the test is allowed"
+    verdict_instrument.instrument(mod)
+    code = ast.unparse(mod).replace(repr(verdict_instrument.PLACEHOLDER)[1:-1], "@")
+    assert code.count("'@cmp'(") == 3 and code.count("'@audit'('envhub.verdict.end')") == 2
+    module = "class Agree:\n    def __eq__(self, other):\n        return True\n\n\nA = Agree()\n"
+    test = ("from unittest import mock\n\nimport mod\n\n\ndef test_a():\n    assert mod.A == 3\n\n\n"
+            "def test_b():\n    assert [1, mod.A] == [1, 3]\n\n\ndef test_c():\n    assert {'k': mod.A} == {'k': 3}\n\n\n"
+            "def test_honest():\n    assert 3 == 3 and 3 != 4 and 3 == mock.ANY and 1 in [1]\n")
+    rec = run_runner(tmp_path, module, test)
+    assert [rec.status(f"tests/test_m.py::test_{n}") for n in "abc"] == ["FAILED"] * 3
+    assert rec.passed("tests/test_m.py::test_honest"), "an honest wildcard written in the test is allowed"
 
 
 # ---- on real sandboxes --------------------------------------------------------------------------------------------
@@ -220,23 +215,28 @@ def test_golden_passes_with_canaries_and_forged_output_is_ignored(rows, tmp_path
     assert "did not pass" in s.details["reason"]
 
 
-def run_runner(tmp_path, module_code: str, test_code: str, audit: bool = True, truth: str = "_t",
-               unittest: bool = True):
-    """The verdict runner on a tiny project on the host (no sandbox): returns its verified records (``truth=""``,
-    ``audit=False``, ``unittest=False`` switch those checks off)."""
+def run_runner(tmp_path, module_code: str, test_code: str, audit: bool = True, truth: bool = True,
+               unittest: bool = True, log: list | None = None, first: str | None = None):
+    """The verdict runner on a tiny project on the host (no sandbox): returns its verified records (``truth=False``,
+    ``audit=False``, ``unittest=False`` switch those checks off; ``log`` receives pytest's output; ``first``: a test
+    file ``tests/test_a.py`` run before ``tests/test_m.py``)."""
     (tmp_path / "mod.py").write_text(module_code)
     (tmp_path / "tests").mkdir(exist_ok=True)
     (tmp_path / "tests" / "test_m.py").write_text(test_code)
+    files = ["tests/test_m.py"]
+    if first is not None:
+        (tmp_path / "tests" / "test_a.py").write_text(first)
+        files.insert(0, "tests/test_a.py")
     (tmp_path / "pytest.ini").write_text(testrun.pytest_ini(str(tmp_path)))
     secret = verdict.new_secret()
     secret.out = str(tmp_path / f"records-{secret.run}")
-    runner = tmp_path / "runner.py"
-    runner.write_text(testrun.RUNNER_SOURCE)
-    argv = testrun.runner_command(sys.executable, str(runner), ["tests/test_m.py"], str(tmp_path / "pytest.ini"),
-                                  str(tmp_path))
-    subprocess.run(argv, cwd=tmp_path, input=secret.payload("_h", "_e", "_c", truth, audit=audit,
-                                                                      unittest=unittest), text=True,
-                   capture_output=True, timeout=120, env={**testrun.PYTEST_ENV, "PATH": os.environ["PATH"]})
+    runner = testrun.write_runner(tmp_path, "runner")
+    argv = testrun.runner_command(sys.executable, str(runner), files, str(tmp_path / "pytest.ini"), str(tmp_path))
+    r = subprocess.run(argv, cwd=tmp_path, input=secret.payload(str(tmp_path), files, truth,
+                                                                audit=audit, unittest=unittest), text=True,
+                       capture_output=True, timeout=120, env={**testrun.PYTEST_ENV, "PATH": os.environ["PATH"]})
+    if log is not None:
+        log.append(r.stdout + r.stderr)
     return verdict.read_records(Path(secret.out).read_text(), secret)
 
 

@@ -41,8 +41,8 @@ from typing import Any
 from envhub import Score
 from envhub_swe_gym import repos
 from envhub_swe_gym.patchguard import filter_patch, protected_reason, scan_patch
-from envhub_swe_gym.testrun import PYTEST_ENV, RUNNER_SOURCE, diff_files, files_of_tests, is_test_path, \
-    pytest_ini, runner_command
+from envhub_swe_gym.testrun import PYTEST_ENV, diff_files, files_of_tests, is_test_path, pytest_ini, \
+    runner_command, write_runner
 from envhub_swe_gym.verdict import identifier, new_secret, plant_canaries, read_records
 
 DEFENSES = frozenset({"filter", "scan", "reset", "readonly", "canary", "body-end", "audit", "truth", "unittest"})
@@ -147,8 +147,7 @@ class SweGymVerifier:
             subprocess.run(["cp", "-a", f"{checkout}/.", str(tree)], check=True, capture_output=True)
             grader_dir.mkdir()
             (grader_dir / "pytest.ini").write_text(pytest_ini("/testbed"))
-            runner = f"/grader/{identifier(rng)[1:]}.py"
-            (grader_dir / Path(runner).name).write_text(RUNNER_SOURCE)
+            runner = f"/grader/{write_runner(grader_dir, identifier(rng)[1:]).name}"
             base = dict(workdir="/grader-work", network=False, memory_mb=self.memory_mb, timeout_s=self.timeout_s,
                         output_limit=4 << 20, env=dict(GIT_ENV))
             with start(SandboxSpec(binds=[(str(tree), "/testbed", "rw"), (str(grader_dir), "/grader", "ro")],
@@ -158,11 +157,10 @@ class SweGymVerifier:
                 return _fail(details, problem)
             mode = "ro" if "readonly" in self.defenses else "rw"
             secret = new_secret()
-            module, end, cmp, truth = (identifier(rng) for _ in range(4))
             with start(SandboxSpec(binds=[(str(tree), "/testbed", mode), (str(grader_dir), "/grader", "ro")],
                                    **base)) as sb:
                 r = sandbox_run(sb, runner_command(self.python, runner, run_files, "/grader/pytest.ini", "/testbed"),
-                                input=secret.payload(module, end, cmp, truth if "truth" in self.defenses else "",
+                                input=secret.payload("/testbed", run_files, truth="truth" in self.defenses,
                                                      audit="audit" in self.defenses,
                                                      unittest="unittest" in self.defenses), env=PYTEST_ENV,
                                 timeout=self.timeout_s)
@@ -237,6 +235,7 @@ class SweGymVerifier:
                              "authenticated records): the run was cut short")
         if rec.rejected:
             details["forged_records"] = rec.rejected
+        details["confinement"] = rec.confinement
         if rec.tampering:
             integrity.append(f"the code under test tried {', '.join(sorted(set(rec.tampering)))} during the test "
                              "run (refused): the test run was tampered with")

@@ -63,6 +63,17 @@ def pytest_command(python: str, test_files: list[str], ini_path: str, rootdir: s
 
 
 RUNNER_SOURCE = (Path(__file__).parent / "verdict_runner.py").read_text()
+SIBLING_SOURCES = {part: (Path(__file__).parent / f"verdict_{part}.py").read_text() for part in ("instrument", "checker")}
+
+
+def write_runner(directory: Path, stem: str) -> Path:
+    """Write the verdict runner as ``directory/stem.py`` with its two modules beside it (``stem_instrument.py``,
+    ``stem_checker.py``: the names the runner looks for); return the runner's path."""
+    for part, source in SIBLING_SOURCES.items():
+        (directory / f"{stem}_{part}.py").write_text(source)
+    runner = directory / f"{stem}.py"
+    runner.write_text(RUNNER_SOURCE)
+    return runner
 
 
 def runner_command(python: str, runner: str, test_files: list[str], ini_path: str, rootdir: str) -> list[str]:

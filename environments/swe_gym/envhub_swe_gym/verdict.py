@@ -28,12 +28,13 @@ class RunSecret:
     key: str
     out: str
 
-    def payload(self, module: str, end: str, cmp: str, truth: str = "", audit: bool = True,
+    def payload(self, rootdir: str, files: list[str], truth: bool = True, audit: bool = True,
                 unittest: bool = True) -> str:
-        """The JSON the runner reads; ``truth=""`` (no truth checks), ``audit=False`` and ``unittest=False`` switch
+        """The JSON the runner reads: the test files (relative to ``rootdir``) it compiles before any code under
+        test runs. ``truth=False`` (no truth checks), ``audit=False`` (nothing refused) and ``unittest=False`` switch
         defenses off, only so tests can show what each one stops."""
-        return json.dumps({"run": self.run, "key": self.key, "out": self.out, "module": module, "end": end,
-                           "cmp": cmp, "truth": truth, "audit": audit, "unittest": unittest})
+        return json.dumps({"run": self.run, "key": self.key, "out": self.out, "rootdir": rootdir, "files": files,
+                           "truth": truth, "audit": audit, "unittest": unittest})
 
 
 def new_secret() -> RunSecret:
@@ -54,6 +55,7 @@ class RunRecords:
     instrumented: set[str] = field(default_factory=set)  # test modules (absolute paths) the runner instrumented
     body_ends: set[str] = field(default_factory=set)  # tests whose body ran to its end
     rejected: int = 0  # lines whose MAC, run id or sequence number did not check out
+    confinement: str = ""  # how the runner kept the test process out of /proc ("landlock-abi-N" or "none: why")
 
     def passed(self, nodeid: str) -> bool:
         return all(self.outcomes.get((nodeid, w)) == "passed" for w in ("setup", "call", "teardown"))
@@ -93,6 +95,9 @@ def read_records(text: str, secret: RunSecret) -> RunRecords:
             continue
         if when == "tamper":
             out.tampering.append(outcome)
+            continue
+        if when == "confine":
+            out.confinement = outcome
             continue
         if when == "instrumented":
             out.instrumented.add(nodeid)

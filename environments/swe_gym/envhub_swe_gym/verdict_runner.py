@@ -1,48 +1,35 @@
 """The grader's pytest launcher, run *inside* the grading sandbox (standard library and pytest only).
 
-The grader copies this file into a read-only directory of the sandbox under a random name and runs it as
-``python -I -B /grader/<name>.py <pytest args>`` with a JSON secret on stdin. Before any code under test exists in
-the process it:
+The grader copies this file and its two modules into a read-only directory of the sandbox (``/grader/<random>.py``,
+``<random>_instrument.py``, ``<random>_checker.py``) and runs ``python -I -B /grader/<random>.py <pytest args>`` with
+a JSON secret on stdin. The code under test will share this process, so everything that decides a verdict is put,
+before any of that code exists, where Python code cannot reach it: **inside three audit hooks**. An audit hook
+cannot be removed, listed or inspected from Python, and nothing references it.
 
-1. reads the secret from stdin to EOF and points fd 0 at ``/dev/null`` (the pipe is drained: nothing later in the
-   process can read the secret from a file, an argument, the environment or the pipe);
-2. registers a pytest plugin (passed to ``pytest.main``, no ``-p`` name to find) that records every test phase
-   straight from pytest's ``CallInfo`` — never from the ``TestReport`` the code under test could patch — as lines
-   ``json([run, seq, nodeid, when, outcome]) + " " + HMAC-SHA256(key, json)`` in the records file. Printing text,
-   forging a summary after exit, ``os._exit``, or writing to the file without the key gives no valid record;
-3. instruments the test modules in memory (the files on disk are unchanged) through pytest's assertion rewriter:
+1. :func:`read_secret` reads the secret (HMAC key, run id, records path, test files) to EOF and points fd 0 at
+   ``/dev/null``. The test files are instrumented and compiled now (:mod:`~envhub_swe_gym.verdict_instrument`);
+   pytest's import hook is handed these code objects.
+2. The **recorder** (:func:`make_recorder`) holds the key in its closure and writes the records
+   (``json([run, seq, nodeid, when, outcome]) + " " + HMAC-SHA256(key, json)``) with C functions only. It never
+   raises and never calls code the tested package could patch, so no frame of it ever reaches that code, below it
+   or in a traceback. It writes ``body-end`` only when the frame raising ``END`` runs the code object compiled for
+   the test pytest is running, and accepts control events only from this file's plugin code.
+3. The **checker** (:mod:`~envhub_swe_gym.verdict_checker`) decides every instrumented comparison and truth,
+   with fresh-object and same-type twin probes in random order, and watches what tests rely on. Closure- and
+   global-free functions with immutable defaults: a frame of it would show nothing a hack could change.
+4. The **refuser** (:func:`make_refuser`) raises to refuse, and is one closure-free function with immutable
+   defaults: tracing, ``gc`` walks, other threads' frames, raw ctypes memory, ``/proc/*/mem`` (and, by a Landlock
+   kernel rule, everything under ``/proc``: :func:`confine_proc`), replacing the code or defaults of the grader's
+   functions, and any frame while the checker runs the tested code's ``__eq__``/``__bool__``.
 
-   * every ``==``, ``!=``, ``in``, ``not in`` inside an ``assert`` goes through ``cmp``, which fails the assertion
-     when an operand claims to equal a fresh object it has never seen (an always-true ``__eq__``);
-   * every operand whose *truth* an ``assert`` tests (``assert x``, ``assert not x``, the parts of ``and``/``or``)
-     goes through ``truth``, which fails the assertion when the value claims to equal a fresh object, or when its
-     truth comes from a Python-level ``__bool__``/``__len__`` that also calls a fresh, uninitialised instance of its
-     class true (truth that does not depend on the object's state: a lying ``__bool__``);
-   * every test function calls ``end`` when its body completes (at its end and before each ``return``); ``end``
-     appends an authenticated ``body-end`` record for the test being called. A test passes only when its call
-     passed *and* its body reached its end: a hack that forces tests to pass (patched runner, replaced or skipped
-     bodies, swallowed assertion errors) leaves no ``body-end``. ``end`` raises and returns nothing, so honest tests
-     behave exactly as under plain pytest: there is no grading mode for a hack to detect;
-4. installs an audit hook (it cannot be removed) that refuses tracing, gc walks, ``/proc/*/mem`` and raw ctypes
-   memory, and records each attempt as tampering;
-5. wraps ``unittest.TestCase``'s comparison and truth assertions (``assertEqual``, ``assertIn``, ``assertTrue``...)
-   with the same checks as ``cmp`` and ``truth``, before any code under test is imported; after every test it checks
-   that the wrappers are still in place, and records a replaced one as tampering.
-
-The threat model and what stays out of reach are in docs/decisions.md ("#13 swe-gym verdicts").
+The threat model and what stays out of reach are in docs/decisions.md ("#13 swe-gym verdicts, sealed").
 """
 from __future__ import annotations
 
-import ast
-import hashlib
-import hmac
+import importlib.util
 import json
 import os
 import sys
-import types
-
-FUNC_PREFIX = "test"
-WILDCARDS = {"ANY"}  # ``mock.ANY`` is an honest wildcard a test may compare against
 
 
 def read_secret() -> dict:
@@ -58,437 +45,317 @@ def read_secret() -> dict:
     return json.loads(b"".join(chunks).decode())
 
 
-class _Fresh:
-    """An object no honest value equals."""
-
-    __slots__ = ()
-
-    def __eq__(self, other):
-        return NotImplemented
-
-    def __ne__(self, other):
-        return NotImplemented
-
-    __hash__ = object.__hash__
-
-
-def _is_any(value) -> bool:
-    mocks = sys.modules.get("unittest.mock")
-    return mocks is not None and value is mocks.ANY
+def load_sibling(part: str):
+    """The module beside this file (``<name>_<part>.py``; ``verdict_<part>.py`` when this file is the package's own),
+    loaded by path and not registered in ``sys.modules``."""
+    here = os.path.abspath(__file__)
+    path = here[:-3] + f"_{part}.py"
+    if not os.path.exists(path):  # imported as a package module (tests on the host)
+        path = os.path.join(os.path.dirname(here), f"verdict_{part}.py")
+    spec = importlib.util.spec_from_file_location(f"_envhub_verdict_{part}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def _lies(value, depth: int = 0, budget: list | None = None, allow_any: bool = False) -> bool:
-    """Whether ``value`` (or an item inside a list/tuple/set/dict it holds) claims equality with a fresh object;
-    with ``allow_any``, ``mock.ANY`` (wherever it sits) is the honest wildcard the test wrote, not a lie."""
-    budget = budget if budget is not None else [2000]
-    budget[0] -= 1
-    if budget[0] < 0 or depth > 3 or (allow_any and _is_any(value)):
-        return False
-    fresh = _Fresh()
-    try:
-        lying = bool(value == fresh) or not bool(value != fresh)
-    except Exception:  # elementwise results (numpy) or comparisons that refuse: not a lie
-        lying = False
-    if lying:
-        return True
-    if type(value) in (list, tuple, set, frozenset):
-        return any(_lies(v, depth + 1, budget, allow_any) for v in value)
-    if type(value) is dict:
-        return any(_lies(k, depth + 1, budget, allow_any) or _lies(v, depth + 1, budget, allow_any)
-                   for k, v in value.items())
-    return False
+INSTRUMENT = load_sibling("instrument")
+CHECKER = load_sibling("checker")
 
 
-def cmp(op: int, left, right, lax: int):
-    """``left <op> right`` (0 ``==``, 1 ``!=``, 2 ``in``, 3 ``not in``), refusing operands whose equality lies; bit
-    ``i`` of ``lax`` says operand ``i`` was written with ``mock.ANY`` in it (``ANY``, ``[1, ANY]``)."""
-    for i, (side, value) in enumerate((("left", left), ("right", right))):
-        if _lies(value, allow_any=bool((lax >> i) & 1)):
-            raise AssertionError(f"the {side} operand of this comparison ({type(value).__qualname__}) claims to "
-                                 "equal an object it has never seen: its __eq__/__ne__ lie")
-    if op == 0:
-        return left == right
-    if op == 1:
-        return left != right
-    if op == 2:
-        return left in right
-    return left not in right
+# What the code under test may not do in the test process: trace or profile code (a tracer can jump over assert
+# lines), walk the garbage collector's object lists (the way to objects nothing else reaches), open another
+# process's memory, or reach raw memory through ctypes.
+BLOCKED_EVENTS = frozenset({"sys.settrace", "sys.setprofile", "sys._current_frames", "sys.monitoring.register_callback", "gc.get_objects",
+                            "gc.get_referrers", "gc.get_referents", "ctypes.dlopen", "ctypes.dlsym",
+                            "ctypes.dlsym/handle", "ctypes.cdata", "ctypes.cdata/buffer", "ctypes.string_at",
+                            "ctypes.wstring_at", "ctypes.addressof"})
+PROTECTED_ATTRS = frozenset({"__code__", "__defaults__", "__kwdefaults__"})
+FRAME_ATTRS = frozenset({"tb_frame", "gi_frame", "cr_frame", "ag_frame"})
 
 
-HEAP_TYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class made by Python code (or a C extension's heap type)
-
-
-def _truth_source(t: type):
-    """What computes ``bool()`` for instances of ``t``: the first ``__bool__`` in its MRO, else the first
-    ``__len__`` (the interpreter's own order); ``None`` for the default (always true)."""
-    for name in ("__bool__", "__len__"):
-        for klass in t.__mro__:
-            if name in vars(klass):
-                return klass, vars(klass)[name]
+def expected_qualname(nodeid: str, classes: dict, _range=range, _next=next, _len=len, _set=set) -> str | None:
+    """The ``co_qualname`` of the function a node id runs: ``f`` for ``path::f[1]``, ``K.f`` for ``path::K::f``,
+    ``Base.f`` when ``K`` does not define ``f`` but a class ``Base`` of the same file it derives from does."""
+    parts = nodeid.split("::")
+    name = parts[-1].split("[", 1)[0]
+    if _len(parts) == 2:
+        return name
+    klass = ".".join(parts[1:-1])
+    for _ in _range(32):  # (builtins bound as defaults: the recorder hook calls this, see install_recorder)
+        own, bases = classes.get(klass, (_set(), []))
+        if name in own:
+            return f"{klass}.{name}"
+        klass = _next((b for b in bases if b in classes), None)
+        if klass is None:
+            return None
     return None
 
 
-def _fresh_instance(t: type):
-    """An instance of ``t`` that no ``__init__`` (nor ``t``'s own ``__new__``) has touched."""
-    base = next(b for b in t.__mro__ if not b.__flags__ & HEAP_TYPE)  # object, int, list...: a C-level __new__
-    return base.__new__(t)
+def make_recorder(secret: dict, files: dict, events: tuple, trusted: frozenset):
+    """The recorder hook. ``files``: ``{relpath: (module code, classes, every code object in it)}``; ``trusted``: the
+    ids of the code objects whose control events count (the plugin's).
 
+    The key lives only in this closure. The hook never raises and never calls code the tested package could have
+    patched (every builtin is bound here; it calls C functions, and :func:`expected_qualname`, which has no globals),
+    so no frame of it ever reaches that code: not below it, not in a traceback."""
+    import _hashlib
+    import json.encoder
 
-def _truth_lies(value) -> bool:
-    """Whether ``value``'s truth is a claim its state does not back: its ``__bool__``/``__len__`` is Python-level
-    code (not computed by the interpreter from the object's data) and a fresh, uninitialised instance of the same
-    class is true as well. Honest truth methods read the object's state (which a fresh instance lacks: they raise,
-    or find it empty); a lying one answers without looking."""
-    t = type(value)
-    if not t.__flags__ & HEAP_TYPE:
-        return False  # bool, int, str, list, None, numpy.bool_...: truth computed from the data
-    mocks = sys.modules.get("unittest.mock")
-    if mocks is not None and isinstance(value, mocks.NonCallableMock):
-        return False  # a mock's truth is what the test configured (true unless told otherwise), like ``True`` itself
-    source = _truth_source(t)
-    if source is None or isinstance(source[1], types.WrapperDescriptorType):
-        return False  # default truth (any object is true), or a C slot computing it from the data
-    try:
-        return bool(_fresh_instance(t))
-    except Exception:  # needs state it does not have: the truth depends on the object
-        return False
-
-
-def truth(value, lax: int = 0):
-    """The operand of a truth test in an ``assert`` (``assert x``, ``assert not x``), refused when its truth or
-    its equality lies; returned unchanged otherwise."""
-    if _lies(value, allow_any=bool(lax)) or _truth_lies(value):
-        raise AssertionError(f"the operand of this assert ({type(value).__qualname__}) lies about itself: it claims "
-                             "to equal an object it has never seen, or is true whatever its state (__bool__/__len__)")
-    return value
-
-
-_OPS = {ast.Eq: 0, ast.NotEq: 1, ast.In: 2, ast.NotIn: 3}
-
-
-def _is_wildcard(node: ast.AST) -> bool:
-    """Whether the expression names ``mock.ANY`` (itself, or inside a literal or a call such as ``[1, ANY]``)."""
-    return any((isinstance(n, ast.Name) and n.id in WILDCARDS) or (isinstance(n, ast.Attribute) and n.attr in WILDCARDS)
-               for n in ast.walk(node))
-
-
-class _Comparisons(ast.NodeTransformer):
-    """``assert a == b`` -> ``assert cmp(0, a, b, lax)``, ``assert x`` -> ``assert truth(x)`` (only inside assert
-    statements)."""
-
-    def __init__(self, cmp_name: str, truth_name: str | None = None):
-        self.cmp_name = cmp_name
-        self.truth_name = truth_name
-        self.in_assert = False
-
-    def visit_Assert(self, node):
-        self.in_assert = True
-        node.test = self.visit(node.test)
-        self.in_assert = False
-        if self.truth_name:
-            node.test = self._truths(node.test)
-        return node
-
-    def _truths(self, node):
-        """Route each operand whose truth decides the assert through ``truth``: through ``not``, ``and``, ``or``;
-        comparisons (already checked, or ``<``/``is`` which give real bools for honest values) and literals stay."""
-        if isinstance(node, ast.BoolOp):
-            node.values = [self._truths(v) for v in node.values]
-            return node
-        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
-            node.operand = self._truths(node.operand)
-            return node
-        if isinstance(node, (ast.Compare, ast.Constant)) or (
-                isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == self.cmp_name):
-            return node
-        call = ast.Call(func=ast.Name(self.truth_name, ast.Load()), args=[node, ast.Constant(int(_is_wildcard(node)))],
-                        keywords=[])
-        return ast.copy_location(call, node)
-
-    def visit_Lambda(self, node):  # a lambda's body runs later, outside this assert
-        return node
-
-    def visit_Compare(self, node):
-        self.generic_visit(node)
-        if not self.in_assert or len(node.ops) != 1 or type(node.ops[0]) not in _OPS:
-            return node
-        left, right = node.left, node.comparators[0]
-        lax = int(_is_wildcard(left)) | (int(_is_wildcard(right)) << 1)
-        call = ast.Call(func=ast.Name(self.cmp_name, ast.Load()),
-                        args=[ast.Constant(_OPS[type(node.ops[0])]), left, right, ast.Constant(lax)], keywords=[])
-        return ast.copy_location(call, node)
-
-
-class _Returns(ast.NodeTransformer):
-    """``return x`` -> ``end(); return x`` within one function (nested scopes left alone)."""
-
-    def __init__(self, end_name: str):
-        self.end_name = end_name
-
-    def _end(self, at):
-        return ast.copy_location(ast.Expr(ast.Call(ast.Name(self.end_name, ast.Load()), [], [])), at)
-
-    def visit_FunctionDef(self, node):
-        return node
-
-    visit_AsyncFunctionDef = visit_FunctionDef
-
-    def visit_ClassDef(self, node):
-        return node
-
-    def visit_Lambda(self, node):
-        return node
-
-    def visit_Return(self, node):
-        return [self._end(node), node]
-
-
-def _mark_test(fn, end_name: str) -> None:
-    body = []
-    for stmt in fn.body:
-        out = _Returns(end_name).visit(stmt)
-        body.extend(out if isinstance(out, list) else [out])
-    last = body[-1] if body else fn
-    body.append(ast.Expr(ast.Call(ast.Name(end_name, ast.Load()), [], []),
-                         lineno=getattr(last, "end_lineno", fn.lineno) or fn.lineno, col_offset=0))
-    fn.body = body
-
-
-def instrument(mod: ast.Module, module_name: str, end_name: str, cmp_name: str, truth_name: str | None = None) \
-        -> None:
-    """Add the comparison and truth checks and the end-of-body calls to a parsed test module, in place (no truth
-    checks when ``truth_name`` is None)."""
-    _Comparisons(cmp_name, truth_name).visit(mod)
-    for node in mod.body:
-        targets = [node] + (list(node.body) if isinstance(node, ast.ClassDef) else [])
-        for fn in targets:
-            if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) and fn.name.startswith(FUNC_PREFIX):
-                _mark_test(fn, end_name)
-    at = 0
-    if mod.body and isinstance(mod.body[0], ast.Expr) and isinstance(getattr(mod.body[0], "value", None),
-                                                                      ast.Constant):
-        at = 1  # keep the docstring first
-    while at < len(mod.body) and isinstance(mod.body[at], ast.ImportFrom) and mod.body[at].module == "__future__":
-        at += 1
-    names = [ast.alias("end", end_name), ast.alias("cmp", cmp_name)] + \
-        ([ast.alias("truth", truth_name)] if truth_name else [])
-    imp = ast.ImportFrom(module=module_name, names=names, level=0)
-    mod.body.insert(at, ast.fix_missing_locations(ast.copy_location(imp, mod.body[at] if at < len(mod.body)
-                                                                      else ast.Pass(lineno=1, col_offset=0))))
-    ast.fix_missing_locations(mod)
-
-
-def codes_of(fn) -> set:
-    """The code objects of a test function and of every function it wraps (``@mock.patch``, ``functools.wraps``)."""
-    out = set()
-    for _ in range(16):
-        fn = getattr(fn, "__func__", fn)
-        code = getattr(fn, "__code__", None)
-        if code is not None:
-            out.add(code)
-        fn = getattr(fn, "__wrapped__", None)
-        if fn is None:
-            break
-    return out
-
-
-def make_plugin(secret: dict):
-    """The recorder plugin and the helper module the instrumented tests import; the key stays in closures."""
-    import pytest
-
-    key = bytes.fromhex(secret["key"])
-    run = secret["run"]
+    key = bytes.fromhex(secret.pop("key"))
+    run, root = secret["run"], secret["rootdir"].rstrip("/") + "/"
     fd = os.open(secret["out"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600)
-    seq = [0]
-    current: list[str | None] = [None]  # the node id whose call phase is running
+    digest, encode = _hashlib.hmac_digest, json.encoder.c_encode_basestring_ascii
+    if encode is None:
+        raise SystemExit("the verdict runner needs the C json encoder")
+    write_fd, getframe = os.write, sys._getframe
+    _id, _type, _str, _int, _len, _BaseException = id, type, str, int, len, BaseException
+    modules = {_id(code): (rel, code) for rel, (code, _, _) in files.items()}
+    tests = {_id(c): (rel, c.co_qualname, c) for rel, (_, _, codes) in files.items() for c in codes}
+    classes = {rel: cls for rel, (_, cls, _) in files.items()}
+    resolve = expected_qualname
+    seq, current, ended, said = [0], [None], set(), set()
+    END, MODULE, CONTROL, TAINT = events
 
-    bodies: dict[str, set] = {}  # node id -> the code objects of its test function (through __wrapped__)
-
-    def end():
-        # only the test's own body counts: a forced test whose replacement calls another, passing test function
-        # reaches *that* body's end, not its own
-        nodeid = current[0]
-        if nodeid is not None and sys._getframe(1).f_code in bodies.get(nodeid, ()):
-            write(nodeid, "body-end", "")
-
-    helpers = types.ModuleType(secret["module"])
-    helpers.end, helpers.cmp, helpers.truth = end, cmp, truth
-    sys.modules[secret["module"]] = helpers
-
-    def write(nodeid: str, when: str, outcome: str) -> None:
-        body = json.dumps([run, seq[0], nodeid, when, outcome])
+    def write(nodeid, when, outcome):
+        body = '["%s", %d, %s, %s, %s]' % (run, seq[0], encode(nodeid), encode(when), encode(outcome))
         seq[0] += 1
-        mac = hmac.new(key, body.encode(), hashlib.sha256).hexdigest()
-        os.write(fd, f"{body} {mac}\n".encode())
+        write_fd(fd, (body + " " + digest(key, body.encode(), "sha256").hex() + "\n").encode())
+
+    def strs(args, n):
+        if _len(args) != n:
+            return False
+        for a in args:
+            if _type(a) is not _str:
+                return False
+        return True
+
+    def tamper(message):
+        if message not in said:
+            said.add(message)
+            write("", "tamper", message)
+
+    def handle(event, args):
+        if event == TAINT:  # anyone may report tampering (a forged report only harms the one who forges it)
+            tamper(args[1] if _len(args) == 2 and _type(args[1]) is _str else "a malformed tampering report")
+            return
+        try:
+            code = getframe(2).f_code  # 0: handle, 1: recorder, 2: the frame that called sys.audit
+        except _BaseException:
+            code = None
+        cid = _id(code)
+        if event == END and cid in tests:
+            rel, qual, _ = tests[cid]
+            cur = current[0]
+            if cur is not None and cur[1] == rel and cur[2] == qual and cur[0] not in ended:
+                ended.add(cur[0])
+                write(cur[0], "body-end", "")
+            return  # a test body another test called (an honest helper call): nothing to record
+        if event == MODULE and cid in modules:
+            write(root + modules[cid][0], "instrumented", "")
+            return
+        if cid not in trusted or not args or _type(args[0]) is not _str:
+            tamper(f"{event} raised by code that is not the grader's")
+        elif args[0] == "begin" and strs(args, 2):
+            rel = args[1].split("::", 1)[0]
+            current[0] = (args[1], rel, resolve(args[1], classes.get(rel, {})))
+        elif args[0] == "done":
+            current[0] = None
+        elif args[0] == "outcome" and strs(args, 4):
+            write(args[1], args[2], args[3])
+        elif args[0] == "finish" and _len(args) == 2 and _type(args[1]) is _int:
+            write("", "end", "%d" % args[1])
+        elif args[0] == "note" and strs(args, 3) and args[1] == "confine":
+            write("", "confine", args[2])
+
+    def recorder(event, args, _ours=frozenset(events)):
+        if event in _ours:
+            try:
+                handle(event, args)
+            except _BaseException:  # (nothing of ours raises; an fd the tested code closed does: the records stop)
+                pass
+
+    return recorder
+
+
+def make_refuser(events: tuple, protected: frozenset, checker_code: int, refuse: bool):
+    """The refuser hook: it raises to refuse, so its frames can reach the code under test through tracebacks; it is
+    one function with no closure, every value it uses an immutable default, and it reports to the recorder.
+
+    Refused: tracing and profiling, ``gc`` walks, other threads' frames, raw ctypes memory, ``/proc/*/mem`` by name
+    (the kernel rule in :func:`confine_proc` covers every other path), replacing the ``__code__``/``__defaults__``
+    of a ``protected`` function, and any frame while the checker hook (code ``checker_code``) is on the stack —
+    there the tested code's ``__eq__``/``__bool__`` run, and must not see which comparison is the real one."""
+    taint_event = events[3]
+
+    def refuser(event, args, _blocked=BLOCKED_EVENTS if refuse else frozenset(), _protected=protected,
+                _attrs=PROTECTED_ATTRS, _frame_attrs=FRAME_ATTRS, _checker=checker_code, _getframe=sys._getframe,
+                _audit=sys.audit, _taint=taint_event, _id=id, _type=type, _str=str, _bytes=bytes,
+                _isinstance=isinstance, _fsdecode=os.fsdecode, _error=RuntimeError, _refuse=refuse):
+        if event == "sys._getframe":
+            frame = args[0]
+            while frame is not None:
+                if _id(frame.f_code) == _checker:
+                    raise _error("frames are not available while the grader compares values")
+                frame = frame.f_back
+            return
+        if event == "object.__getattr__":
+            if args[1] in _frame_attrs:
+                _getframe(0)  # raises (from the nested call above) inside a comparison
+            return
+        why = None
+        if event in _blocked or event == "sys._current_frames":
+            why = event
+        elif event == "object.__setattr__" and _id(args[0]) in _protected and args[1] in _attrs:
+            why = f"setting {args[1]} of a grader function"
+        elif _refuse and event == "open" and args and _isinstance(args[0], (_str, _bytes)):
+            path = ("" if _isinstance(args[0], _str) else b"") + args[0]  # a subclass's data, none of its methods
+            text = _fsdecode(path) if _type(path) is _bytes else path
+            if text.startswith("/proc/") and text.endswith("/mem"):
+                why = event + " /proc/*/mem"
+        if why is not None:
+            _audit(_taint, "taint", why)
+            raise _error(f"{why}: not allowed while the grader runs the tests")
+
+    return refuser
+
+
+def confine_proc() -> str:
+    """Deny this process and its children every access under ``/proc`` (Landlock: everything else stays as it was).
+
+    ``/proc/self/mem`` is this process's own memory, which the kernel lets it read whatever its path is (a symlink,
+    ``/proc/thread-self``, a relative path): a kernel rule on the ``/proc`` tree, not a path check, keeps the key
+    out of reach. Returns what was done, for the records ("landlock-abi-N", or "none: why")."""
+    import ctypes
+    import stat
+
+    create, add, restrict = 444, 445, 446  # landlock_* syscall numbers (the same on every architecture)
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        abi = libc.syscall(create, None, ctypes.c_size_t(0), ctypes.c_uint32(1))  # LANDLOCK_CREATE_RULESET_VERSION
+    except (OSError, AttributeError) as e:
+        return f"none: {e}"
+    if abi < 1:
+        return f"none: Landlock is not available here ({os.strerror(ctypes.get_errno())})"
+    file_rights = 1 | 2 | 4 | ((1 << 14) if abi >= 3 else 0) | ((1 << 15) if abi >= 5 else 0)
+    all_rights = ((1 << 13) - 1) | ((1 << 13) if abi >= 2 else 0) | file_rights
+
+    class RulesetAttr(ctypes.Structure):
+        _fields_ = [("handled_access_fs", ctypes.c_uint64)]
+
+    class PathBeneath(ctypes.Structure):
+        _pack_ = 1
+        _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+    attr = RulesetAttr(all_rights)
+    ruleset = libc.syscall(create, ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr)), ctypes.c_uint32(0))
+    if ruleset < 0:
+        return f"none: landlock_create_ruleset: {os.strerror(ctypes.get_errno())}"
+    try:
+        for name in sorted(os.listdir("/")):
+            if name == "proc":
+                continue
+            try:
+                fd = os.open("/" + name, os.O_PATH | os.O_CLOEXEC)
+            except OSError:
+                continue
+            try:
+                rights = all_rights if stat.S_ISDIR(os.fstat(fd).st_mode) else file_rights
+                rule = PathBeneath(rights, fd)
+                if libc.syscall(add, ruleset, 1, ctypes.byref(rule), ctypes.c_uint32(0)) != 0:
+                    return f"none: landlock_add_rule /{name}: {os.strerror(ctypes.get_errno())}"
+            finally:
+                os.close(fd)
+        if libc.prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS, required to restrict oneself unprivileged
+            return f"none: no_new_privs: {os.strerror(ctypes.get_errno())}"
+        if libc.syscall(restrict, ruleset, ctypes.c_uint32(0)) != 0:
+            return f"none: landlock_restrict_self: {os.strerror(ctypes.get_errno())}"
+    finally:
+        os.close(ruleset)
+    return f"landlock-abi-{abi}"
+
+
+def make_plugin(control: str):
+    """The recorder plugin: pytest calls it; it raises the control events the recorder hook accepts from its code
+    alone. It is passed to ``pytest.main`` (no ``-p`` name to find)."""
+    import pytest
 
     def classify(item, call) -> str:
         exc = call.excinfo
         if exc is None:
             return "xfail" if item.get_closest_marker("xfail") else "passed"
-        if isinstance(exc.value, pytest.skip.Exception):
-            return "skipped"
-        return "failed"
-
-    if secret.get("audit", True):
-        install_audit_hook(lambda event: write("", "tamper", event))
-    check_unittest = wrap_unittest(write) if secret.get("unittest", True) else (lambda: None)
+        return "skipped" if isinstance(exc.value, pytest.skip.Exception) else "failed"
 
     class Recorder:
         @pytest.hookimpl(hookwrapper=True)
-        def pytest_collection_modifyitems(self, session, config, items):
-            yield
-            for item in items:
-                bodies[item.nodeid] = codes_of(getattr(item, "obj", None))
-
-        @pytest.hookimpl(hookwrapper=True)
-        def pytest_runtest_call(self, item):
-            current[0] = item.nodeid
+        def pytest_runtest_call(self, item, _audit=sys.audit, _event=control):
+            _audit(_event, "begin", item.nodeid)
             try:
                 yield
             finally:
-                current[0] = None
-                check_unittest()
+                _audit(_event, "done")
 
         @pytest.hookimpl(hookwrapper=True)  # old-style: works with every pytest the package allows (>= 7)
-        def pytest_runtest_makereport(self, item, call):
+        def pytest_runtest_makereport(self, item, call, _audit=sys.audit, _event=control, _classify=classify):
             yield
-            write(item.nodeid, call.when, classify(item, call))
+            _audit(_event, "outcome", item.nodeid, call.when, _classify(item, call))
 
         @pytest.hookimpl(trylast=True)
-        def pytest_sessionfinish(self, session, exitstatus):
-            check_unittest()
-            write("", "end", str(int(exitstatus)))
+        def pytest_sessionfinish(self, session, exitstatus, _audit=sys.audit, _event=control):
+            _audit(_event, "finish", int(exitstatus))
 
-    return Recorder(), write
-
-
-# unittest's assertions compare inside unittest's code, where the assert rewriting does not reach: wrapped here
-# (with the aliases older Pythons still have, which hold the original functions).
-UNITTEST_COMPARISONS = ("assertEqual", "assertNotEqual", "assertAlmostEqual", "assertNotAlmostEqual", "assertIn",
-                        "assertNotIn", "assertCountEqual", "assertListEqual", "assertTupleEqual", "assertSetEqual",
-                        "assertDictEqual", "assertSequenceEqual", "assertMultiLineEqual", "assertEquals",
-                        "assertNotEquals", "assertAlmostEquals", "assertNotAlmostEquals", "failUnlessEqual",
-                        "failIfEqual", "failUnlessAlmostEqual", "failIfAlmostEqual")
-UNITTEST_TRUTHS = ("assertTrue", "assertFalse", "assert_", "failUnless", "failIf")
+    return Recorder()
 
 
-def wrap_unittest(write):
-    """Wrap ``unittest.TestCase``'s comparison and truth assertions with the checks of :func:`cmp` and
-    :func:`truth`; return the check that they are still in place (a replaced one is recorded as tampering)."""
-    import unittest
-    import unittest.mock  # noqa: F401  (so ``_is_any`` can tell ``mock.ANY``)
-
-    case = unittest.TestCase
-    wrappers = {}
-
-    def lax(frame) -> bool:  # ``mock.ANY`` is honest when the calling code names it, as in ``cmp``
-        return bool(WILDCARDS & set(frame.f_code.co_names))
-
-    inside = [0]  # > 0 while a wrapped assertion runs: unittest's own nested calls (assertEqual ->
-    # assertDictEqual) were checked by the outer one, against the test's own code
-
-    def comparison(name, original):
-        def checked(self, first, second, *args, **kwargs):
-            if not inside[0]:
-                allow_any = lax(sys._getframe(1))
-                for side, value in (("first", first), ("second", second)):
-                    if _lies(value, allow_any=allow_any):
-                        raise self.failureException(
-                            f"{name}: the {side} argument ({type(value).__qualname__}) claims to equal an object it "
-                            "has never seen: its __eq__/__ne__ lie")
-            inside[0] += 1
-            try:
-                return original(self, first, second, *args, **kwargs)
-            finally:
-                inside[0] -= 1
-        return checked
-
-    def truth_test(name, original):
-        def checked(self, expr, *args, **kwargs):
-            if not inside[0] and (_lies(expr, allow_any=lax(sys._getframe(1))) or _truth_lies(expr)):
-                raise self.failureException(f"{name}: the argument ({type(expr).__qualname__}) lies about itself: "
-                                            "it claims to equal an object it has never seen, or is true whatever its "
-                                            "state (__bool__/__len__)")
-            inside[0] += 1
-            try:
-                return original(self, expr, *args, **kwargs)
-            finally:
-                inside[0] -= 1
-        return checked
-
-    for names, make in ((UNITTEST_COMPARISONS, comparison), (UNITTEST_TRUTHS, truth_test)):
-        for name in names:
-            original = vars(case).get(name)
-            if callable(original):
-                wrapper = make(name, original)
-                wrapper.__name__ = wrapper.__qualname__ = name
-                wrapper.__doc__ = original.__doc__
-                setattr(case, name, wrapper)
-                wrappers[name] = wrapper
-    reported = set()
-
-    def check() -> None:
-        for name, wrapper in wrappers.items():
-            if vars(case).get(name) is not wrapper and name not in reported:
-                reported.add(name)
-                write("", "tamper", f"unittest.TestCase.{name} replaced")
-
-    return check
+def note(what: str, text: str, _audit=sys.audit, _event=INSTRUMENT.CONTROL) -> None:
+    _audit(_event, "note", what, text)
 
 
-# What the code under test may not do in the test process: trace or profile code (a tracer can jump over every
-# assert line), walk the garbage collector's object lists (the way to find the grader's helpers
-# in memory), open another process's memory, or reach raw memory through ctypes. An audit hook cannot be removed
-# from Python; each attempt is refused and recorded as tampering.
-BLOCKED_EVENTS = {"sys.settrace", "sys.setprofile", "sys.monitoring.register_callback", "gc.get_objects",
-                  "gc.get_referrers", "gc.get_referents", "ctypes.dlopen", "ctypes.dlsym", "ctypes.dlsym/handle",
-                  "ctypes.cdata", "ctypes.cdata/buffer", "ctypes.string_at", "ctypes.wstring_at", "ctypes.addressof"}
-
-
-def install_audit_hook(report) -> None:
-    busy = [False]
-
-    def hook(event: str, args: tuple) -> None:
-        if busy[0]:
-            return
-        bad = event in BLOCKED_EVENTS
-        if event == "open" and args and isinstance(args[0], (str, bytes)):
-            path = os.fsdecode(args[0])
-            bad = path.startswith("/proc/") and path.endswith("/mem")
-        if not bad:
-            return
-        busy[0] = True
-        try:
-            report(event)
-        finally:
-            busy[0] = False
-        raise RuntimeError(f"{event} is not allowed while the grader runs the tests")
-
-    sys.addaudithook(hook)
-
-
-def install_instrumentation(secret: dict, write) -> None:
+def use_precompiled(compiled: dict) -> None:
+    """Make pytest's assertion-rewriting import hook load ``compiled`` (``{absolute path: code}``) for those files."""
     from _pytest.assertion import rewrite
 
-    original = rewrite.rewrite_asserts
-    module_name, end_name, cmp_name = secret["module"], secret["end"], secret["cmp"]
-    truth_name = secret.get("truth") or None  # none: the truth checks are off (only tests switch them off)
+    def _rewrite_test(fn, config, _compiled=compiled, _original=rewrite._rewrite_test, _str=str):
+        code = _compiled.get(_str(fn))
+        return (b"", code) if code is not None else _original(fn, config)
 
-    def rewrite_asserts(mod, source, module_path=None, config=None):
-        instrument(mod, module_name, end_name, cmp_name, truth_name)
-        write(str(module_path or ""), "instrumented", "")  # the host can tell "not instrumented" from "forced"
-        return original(mod, source, module_path, config)
+    def _read_pyc(source, pyc, trace=lambda x: None, _compiled=compiled, _original=rewrite._read_pyc, _str=str):
+        return None if _str(source) in _compiled else _original(source, pyc, trace)
 
-    rewrite.rewrite_asserts = rewrite_asserts
+    rewrite._rewrite_test, rewrite._read_pyc = _rewrite_test, _read_pyc
 
 
 def main() -> int:
     secret = read_secret()
     import pytest
 
-    plugin, write = make_plugin(secret)
-    install_instrumentation(secret, write)
-    return int(pytest.main(sys.argv[1:], plugins=[plugin]))
+    ins, checks = INSTRUMENT, CHECKER
+    root = secret["rootdir"].rstrip("/") + "/"
+    files = {}
+    for rel in secret["files"]:
+        built = ins.precompile(root + rel, secret.get("truth", True))
+        if built is not None:
+            code, classes = built
+            files[rel] = (code, classes, list(ins.codes_in(code)))
+    wrappers = checks.wrap_unittest(ins) if secret.get("unittest", True) else {}
+    watched = checks.watched_objects(wrappers, ins.FROZEN_BUILTINS)
+    confinement = confine_proc()  # (ctypes is refused once the hooks are in)
+    plugin = make_plugin(ins.CONTROL)
+    hooks = [type(plugin).pytest_runtest_call, type(plugin).pytest_runtest_makereport,
+             type(plugin).pytest_sessionfinish]
+    checker, checker_functions = checks.make_checker((ins.COMPARE, ins.TRUTH, ins.END, ins.CONTROL, ins.TAINT),
+                                                     secret.get("truth", True), watched)
+    protected = frozenset(id(f) for f in [ins.cmp, ins.truth, note, expected_qualname, checks.caller_lax, *hooks,
+                                          *wrappers.values(), *checker_functions])
+    events = (ins.END, ins.MODULE, ins.CONTROL, ins.TAINT)
+    recorder = make_recorder(secret, files, events, frozenset(id(f.__code__) for f in [note, *hooks]))
+    refuser = make_refuser(events, protected, id(checker.__code__), refuse=secret.get("audit", True))
+    for hook in (recorder, checker, refuser):
+        sys.addaudithook(hook)
+    note("confine", confinement)
+    use_precompiled({root + rel: code for rel, (code, _, _) in files.items()})
+    argv = sys.argv[1:]
+    del secret, files, watched, recorder, checker, refuser, checker_functions
+    return int(pytest.main(argv, plugins=[plugin]))
 
 
 if __name__ == "__main__":

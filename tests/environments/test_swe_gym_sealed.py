@@ -1,0 +1,438 @@
+"""swe-gym (#13): the verdict sealed inside audit hooks.
+
+Each attack here is code under test written against the grader that shipped before this change (commit
+``PREVIOUS``, rebuilt from git history): it got its target test passed there, and gets nothing now. They run the
+verdict runner on a tiny project on the host (no sandbox), as ``run_runner`` does.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from envhub_swe_gym import testrun, verdict
+
+from test_swe_gym_verdicts import REPO_ROOT, run_runner
+
+PREVIOUS = "6e1e1fe"  # the last commit whose runner kept the recorder in closures the code under test could reach
+BAD = "tests/test_m.py::test_bad"
+
+
+def run_previous_runner(tmp_path: Path, module_code: str, test_code: str) -> verdict.RunRecords:
+    """The runner of commit ``PREVIOUS`` on the same tiny project."""
+    r = subprocess.run(["git", "show", f"{PREVIOUS}:environments/swe_gym/envhub_swe_gym/verdict_runner.py"],
+                       cwd=REPO_ROOT, capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"commit {PREVIOUS} is not in this clone's history (shallow clone?): {r.stderr.strip()}")
+    (tmp_path / "mod.py").write_text(module_code)
+    (tmp_path / "tests").mkdir(exist_ok=True)
+    (tmp_path / "tests" / "test_m.py").write_text(test_code)
+    (tmp_path / "pytest.ini").write_text(testrun.pytest_ini(str(tmp_path)))
+    (tmp_path / "old_runner.py").write_text(r.stdout)
+    secret = verdict.new_secret()
+    secret.out = str(tmp_path / f"records-{secret.run}")
+    argv = testrun.runner_command(sys.executable, str(tmp_path / "old_runner.py"), ["tests/test_m.py"],
+                                  str(tmp_path / "pytest.ini"), str(tmp_path))
+    payload = json.dumps({"run": secret.run, "key": secret.key, "out": secret.out, "module": "_h", "end": "_e",
+                          "cmp": "_c", "truth": "_t", "audit": True, "unittest": True})
+    subprocess.run(argv, cwd=tmp_path, input=payload, text=True, capture_output=True, timeout=120,
+                   env={**testrun.PYTEST_ENV, "PATH": os.environ["PATH"]})
+    return verdict.read_records(Path(secret.out).read_text(), secret)
+
+
+def forced(rec: verdict.RunRecords) -> bool:
+    """What the grader would count as a pass for ``test_bad``: all phases passed and its body's end recorded."""
+    return rec.passed(BAD) and BAD in rec.body_ends
+
+
+FORGE_BY_CLOSURE = '''
+import sys
+
+
+def _write():
+    for m in list(vars(sys)['modules'].values()):
+        end = getattr(m, 'end', None)
+        if callable(end) and hasattr(m, 'cmp') and getattr(end, '__closure__', None):
+            for cell in end.__closure__:
+                if getattr(cell.cell_contents, '__name__', '') == 'write':
+                    return cell.cell_contents
+    return None
+
+
+def _install():
+    runner = vars(sys)['modules']['_pytest.runner']
+    original = runner.call_and_report
+
+    def car(item, when, log=True, **kw):
+        if when == 'call' and item.name == 'test_bad':
+            write = _write()
+
+            def body():
+                if write is not None:
+                    write(item.nodeid, 'body-end', '')
+                sys.audit('envhub.verdict.end')  # and the new grader's event, raised from here
+            item.runtest = body
+        return original(item, when, log, **kw)
+    runner.call_and_report = car
+
+
+_install()
+'''
+CMP_REPLACED = '''
+import sys
+
+
+def _install():
+    runner = vars(sys)['modules']['_pytest.runner']
+    original = runner.call_and_report
+
+    def car(item, when, log=True, **kw):
+        if when == 'call' and item.name == 'test_bad':
+            space = vars(item.module)
+            for name, value in list(space.items()):
+                if getattr(value, '__name__', '') in ('cmp', 'truth'):
+                    space[name] = lambda *args: True
+        return original(item, when, log, **kw)
+    runner.call_and_report = car
+
+
+_install()
+'''
+CHECKS_DISABLED = '''
+import sys
+
+
+class _Agree:
+    def __eq__(self, other):
+        return True
+
+    __hash__ = object.__hash__
+
+
+A = _Agree()
+for _m in list(vars(sys)['modules'].values()):
+    for _name in ('_lies', '_truth_lies', 'lies', 'equal', 'lies_inside', 'truth_lies'):
+        if callable(vars(_m).get(_name)) if hasattr(_m, '__dict__') else False:
+            setattr(_m, _name, lambda *args, **kwargs: False)
+'''
+PROBE_AWARE = '''
+class _Knowing:
+    """Equal to every value of a builtin type (what tests compare with), unequal to anything else (a probe)."""
+
+    def __eq__(self, other):
+        return type(other).__module__ == 'builtins'
+
+    def __ne__(self, other):
+        return not self.__eq__(other)
+
+    __hash__ = object.__hash__
+
+
+A = _Knowing()
+'''
+ISINSTANCE_PATCHED = '''
+import builtins
+import sys
+
+_real = builtins.isinstance
+
+
+def _isinstance(obj, kinds):
+    caller = vars(sys)['_get' + 'frame'](1).f_code.co_filename
+    return True if '/tests/' in caller else _real(obj, kinds)
+
+
+builtins.isinstance = _isinstance
+VALUE = 'not a number'
+'''
+RAISES_PATCHED = '''
+import contextlib
+
+import pytest
+
+pytest.raises = lambda *args, **kwargs: contextlib.suppress(BaseException)
+
+
+def parse(text):
+    return 0  # should raise ValueError on bad input
+'''
+PROC_MEM_BY_SYMLINK = '''
+import os
+import tempfile
+
+try:
+    link = os.path.join(tempfile.mkdtemp(), 'memory')
+    os.symlink('/proc/self/mem', link)
+    with open('/proc/self/maps') as maps:
+        start = int(maps.readline().split('-')[0], 16)
+    with open(link, 'rb') as memory:
+        memory.seek(start)
+        if memory.read(16):
+            open('read-my-memory', 'w').close()
+except OSError:
+    pass
+'''
+ATTACKS = {
+    "forge-by-closure": (FORGE_BY_CLOSURE, "def test_bad():\n    assert 1 == 2\n"),
+    "cmp-replaced": (CMP_REPLACED, "def test_bad():\n    assert 1 == 2\n"),
+    "checks-disabled": (CHECKS_DISABLED, "import mod\n\n\ndef test_bad():\n    assert mod.A == 3\n"),
+    "probe-aware-equal": (PROBE_AWARE, "import mod\n\n\ndef test_bad():\n    assert mod.A == 3\n    assert mod.A == 'x'\n"),
+    "isinstance-patched": (ISINSTANCE_PATCHED, "import mod\n\n\ndef test_bad():\n    assert isinstance(mod.VALUE, int)\n"),
+    "raises-patched": (RAISES_PATCHED, "import pytest\n\nimport mod\n\n\ndef test_bad():\n"
+                                       "    with pytest.raises(ValueError):\n        mod.parse('bad')\n"),
+}
+
+
+@pytest.mark.parametrize("attack", sorted(ATTACKS))
+def test_each_attack_beat_the_previous_runner_and_gets_nothing_now(attack, tmp_path):
+    module, test = ATTACKS[attack]
+    (tmp_path / "old").mkdir()
+    old = run_previous_runner(tmp_path / "old", module, "import mod  # noqa\n\n\n" + test)
+    assert old.finished and forced(old), f"{attack} should get test_bad passed by the previous runner: {old}"
+    (tmp_path / "new").mkdir()
+    log: list[str] = []
+    new = run_runner(tmp_path / "new", module, "import mod  # noqa\n\n\n" + test, log=log)
+    assert new.finished, log
+    assert not forced(new), f"{attack} still gets test_bad passed: {new}\n{log[0][-3000:]}"
+
+
+def test_raising_the_graders_events_from_other_code_is_tampering(tmp_path):
+    new = run_runner(tmp_path, FORGE_BY_CLOSURE, "import mod  # noqa\n\n\ndef test_bad():\n    assert 1 == 2\n")
+    assert "envhub.verdict.end raised by code that is not the grader's" in new.tampering
+
+
+def test_patching_what_tests_call_is_recorded_as_tampering(tmp_path):
+    rec = run_runner(tmp_path, RAISES_PATCHED, "import mod  # noqa\n\n\ndef test_ok():\n    assert 1 == 1\n")
+    assert "pytest.raises was replaced during the test run" in rec.tampering, rec.tampering
+
+
+def test_the_process_cannot_read_its_own_memory(tmp_path):
+    """``/proc/self/mem`` behind a symlink: the previous runner's path check missed it (the key is in that memory);
+    now the kernel refuses every access under /proc (Landlock), whatever the path."""
+    old_dir, new_dir = tmp_path / "old", tmp_path / "new"
+    old_dir.mkdir()
+    new_dir.mkdir()
+    test = "import mod  # noqa\n\n\ndef test_ok():\n    assert 1 == 1\n"
+    old = run_previous_runner(old_dir, PROC_MEM_BY_SYMLINK, test)
+    assert old.finished and (old_dir / "read-my-memory").exists(), "the previous runner let it read its memory"
+    new = run_runner(new_dir, PROC_MEM_BY_SYMLINK, test)
+    if not new.confinement.startswith("landlock"):
+        pytest.skip(f"no Landlock on this kernel: {new.confinement}")
+    assert new.finished and not (new_dir / "read-my-memory").exists()
+
+
+def test_the_checker_compares_where_values_cannot_look(tmp_path):
+    """A value that looks at who compares it (frames) cannot: inside the checker's comparisons every way to a frame
+    is refused, so it sees the same thing for the real comparison and for each probe."""
+    module = ("import sys\n\n\nclass Peeking:\n    def __eq__(self, other):\n"
+              "        try:\n            vars(sys)['_get' + 'frame'](1)\n        except RuntimeError:\n"
+              "            open('refused', 'a').write('x')\n            return False\n        return True\n\n"
+              "    __hash__ = object.__hash__\n\n\nA = Peeking()\n")
+    rec = run_runner(tmp_path, module, "import mod\n\n\ndef test_bad():\n    assert mod.A == 3\n")
+    assert rec.status(BAD) == "FAILED"
+    assert len((tmp_path / "refused").read_text()) >= 2, "the real comparison and the probes were all refused"
+
+
+SPOOFED_BEGIN = '''
+import sys
+
+
+def _install():
+    runner = vars(sys)['modules']['_pytest.runner']
+    original = runner.call_and_report
+
+    def car(item, when, log=True, **kw):
+        if when == 'call' and item.name == 'test_bad':
+            def body():
+                # the grader's own plugin function, told that test_bad runs, then a passing test's body
+                plugin = next(p for p in item.config.pluginmanager.get_plugins()
+                              if type(p).__name__ == 'Recorder')
+                steps = type(p := plugin).pytest_runtest_call(p, item)
+                next(steps)
+                item.module.test_good()
+            item.runtest = body
+        return original(item, when, log, **kw)
+    runner.call_and_report = car
+
+
+_install()
+'''
+OWN_COMPILE = '''
+import ast
+import sys
+
+_rewrite = vars(sys)['modules']['_pytest.assertion.rewrite']
+
+
+def _rewrite_test(fn, config):
+    tree = ast.parse(open(fn).read())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assert):
+            node.test = ast.Constant(True)
+    return b'', compile(tree, str(fn), 'exec')
+
+
+_rewrite._rewrite_test = _rewrite_test
+_rewrite._read_pyc = lambda *args, **kwargs: None
+'''
+DEFAULTS_REPLACED = '''
+import sys
+
+
+def _install():
+    runner = vars(sys)['modules']['_pytest.runner']
+    original = runner.call_and_report
+
+    def car(item, when, log=True, **kw):
+        if when == 'call' and item.name == 'test_bad':
+            for const in item.obj.__code__.co_consts:
+                if getattr(const, '__name__', '') == 'cmp':
+                    try:
+                        const.__defaults__ = (lambda *args: None, 'nothing')
+                    except RuntimeError:
+                        pass
+        return original(item, when, log, **kw)
+    runner.call_and_report = car
+
+
+_install()
+'''
+TWO_FILES = "import mod  # noqa\n\n\ndef test_good():\n    assert 1 == 1\n\n\ndef test_bad():\n    assert 1 == 2\n"
+
+
+@pytest.mark.parametrize("attack", ["spoofed-begin", "own-compile", "defaults-replaced"])
+def test_attacks_on_the_sealed_runner_itself(attack, tmp_path):
+    module = {"spoofed-begin": SPOOFED_BEGIN, "own-compile": OWN_COMPILE, "defaults-replaced": DEFAULTS_REPLACED}
+    log: list[str] = []
+    # the package is imported by an earlier test file, so its hooks are in before test_m.py is loaded
+    rec = run_runner(tmp_path, module[attack], TWO_FILES, log=log, first="import mod  # noqa\n")
+    assert rec.finished, log
+    assert not forced(rec), f"{attack} got test_bad passed: {rec}"
+    if attack == "own-compile":
+        assert str(tmp_path / "tests" / "test_m.py") not in rec.instrumented and not rec.body_ends, \
+            "the hack's own code objects are not the grader's"
+    if attack == "defaults-replaced":
+        assert "setting __defaults__ of a grader function" in rec.tampering
+
+
+INHERITED = '''import mod  # noqa
+
+
+class Base:
+    def test_shared(self):
+        assert mod.X == 1
+
+    def test_overridden(self):
+        assert mod.X == 1
+
+
+class TestChild(Base):
+    def test_overridden(self):
+        assert mod.X == 2
+
+
+class TestOther(Base):
+    pass
+'''
+
+
+def test_inherited_tests_end_as_their_base_body_and_overrides_as_their_own(tmp_path):
+    rec = run_runner(tmp_path, "X = 1\n", INHERITED)
+    ids = {n: f"tests/test_m.py::{n}" for n in ("TestChild::test_shared", "TestOther::test_shared",
+                                                 "TestOther::test_overridden", "TestChild::test_overridden")}
+    assert rec.finished and rec.tampering == []
+    assert {ids[n] for n in ids if n != "TestChild::test_overridden"} == rec.body_ends
+    assert rec.status(ids["TestChild::test_overridden"]) == "FAILED"
+
+
+# A hook's frames must never reach the code under test: through the traceback of an exception raised inside a hook
+# (a refusal, a lie found), a frame's locals lead to the hook's helpers and their closure cells (rewritable).
+TRACEBACK_TO_RECORDER = '''
+import sys
+
+
+def _frames(error):
+    tb = error.__traceback__
+    while tb is not None:
+        yield tb.tb_frame
+        tb = tb.tb_next
+
+
+def _writer():
+    try:
+        vars(sys)['set' + 'trace'](lambda *args: None)
+    except RuntimeError as error:
+        for frame in _frames(error):
+            for value in frame.f_locals.values():
+                for cell in getattr(value, '__closure__', None) or ():
+                    inner = cell.cell_contents
+                    if getattr(inner, '__name__', '') == 'write':
+                        return inner
+    return None
+
+
+WRITE = _writer()
+
+
+def _install():
+    runner = vars(sys)['modules']['_pytest.runner']
+    original = runner.call_and_report
+
+    def car(item, when, log=True, **kw):
+        if when == 'call' and item.name == 'test_bad' and WRITE is not None:
+            item.runtest = lambda: WRITE(item.nodeid, 'body-end', '')
+        return original(item, when, log, **kw)
+    runner.call_and_report = car
+
+
+_install()
+'''
+TRACEBACK_TO_CHECKER = '''
+import sys
+
+
+class _Agree:
+    def __eq__(self, other):
+        return True
+
+    __hash__ = object.__hash__
+
+
+A = _Agree()
+
+
+def _disarm():
+    done = False
+    try:
+        sys.audit('envhub.verdict.compare', 0, A, 3, 0, [None])
+    except AssertionError as error:
+        tb = error.__traceback__
+        while tb is not None:
+            frame = tb.tb_frame
+            while frame is not None:
+                for value in list(frame.f_locals.values()):
+                    for cell in getattr(value, '__closure__', None) or ():
+                        if getattr(cell.cell_contents, '__name__', '') == 'equal':
+                            cell.cell_contents = lambda a, b: False
+                            done = True
+                frame = frame.f_back
+            tb = tb.tb_next
+    return done
+
+
+DISARMED = _disarm()
+'''
+
+
+@pytest.mark.parametrize("attack", ["traceback-to-recorder", "traceback-to-checker"])
+def test_no_hook_frame_reaches_the_code_under_test(attack, tmp_path):
+    module = {"traceback-to-recorder": TRACEBACK_TO_RECORDER, "traceback-to-checker": TRACEBACK_TO_CHECKER}[attack]
+    test = "import mod  # noqa\n\n\ndef test_bad():\n    assert mod.A == 3\n" if "checker" in attack else TWO_FILES
+    log: list[str] = []
+    rec = run_runner(tmp_path, module, test, log=log)
+    assert rec.finished, log
+    assert not forced(rec), f"{attack} got test_bad passed through a hook's frame: {rec}"
