@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import random
 import socket
 import threading
 import time
@@ -262,10 +263,11 @@ def test_bad_spec_gives_a_clear_error():
 def test_stop_does_not_wait_for_a_running_command(fresh):
     box = fresh()
     errors: list[Exception] = []
+    command = ["sleep", f"60.{random.randrange(10**6):06d}"]  # its own: another run's "sleep 60" is not this one
 
     def long_call() -> None:
         try:
-            box.shell("sleep 60", timeout=120)
+            box.shell(" ".join(command), timeout=120)
         except SandboxError as e:
             errors.append(e)
 
@@ -273,7 +275,7 @@ def test_stop_does_not_wait_for_a_running_command(fresh):
     t.start()
     # stop only once the command really runs (a fixed sleep raced a loaded machine: the stop came first)
     deadline = time.monotonic() + 30
-    while not any(p.info["cmdline"] == ["sleep", "60"] for p in psutil.process_iter(["cmdline"])):
+    while not any(p.info["cmdline"] == command for p in psutil.process_iter(["cmdline"])):
         assert time.monotonic() < deadline, "the command never started"
         time.sleep(0.05)
     t0 = time.monotonic()
