@@ -130,18 +130,23 @@ class HarnessRunner:
         argv = [str(preset.path())] + preset.argv(instructions)
         workdir = sb.spec.workdir
         stop_name = f"stop-{secrets.token_hex(8)}"  # the host creates it (in the bound gateway dir) to stop the harness
-        script = (f"{shlex.quote(python)} /tmp/envhub-forwarder.py {PORT} {GATEWAY_DIR}/gw.sock >/tmp/fwd.log 2>&1 &\n"
-                  f"for i in $(seq 250); do grep -q ready /tmp/fwd.log 2>/dev/null && break; sleep 0.02; done\n"
+        # the forwarder returns once its port listens (it serves from a fork, still in this script's process
+        # group: the action server kills that group when the script ends), so the harness starts right after it
+        script = (f"mkdir -p {shlex.quote(HOME)}\n"
+                  f"{shlex.quote(python)} -I -S /tmp/envhub-forwarder.py {PORT} {GATEWAY_DIR}/gw.sock "
+                  f">/tmp/fwd.log 2>&1 || {{ echo 'envhub: the forwarder could not listen'; cat /tmp/fwd.log; "
+                  f"exit 96; }}\n"
                   f"cd {shlex.quote(workdir)} || exit 97\n"
                   f"setsid {shlex.join(argv)} </dev/null & H=$!\n"
                   # a watcher stops the harness's whole process group when the host asks; the shell itself waits
-                  # on the harness, so its exit is seen at once
-                  f"(while [ ! -e {GATEWAY_DIR}/{stop_name} ]; do sleep 0.2; done; "
-                  f"echo 'envhub: harness stopped by the host'; kill -TERM -- -$H; sleep 1; kill -KILL -- -$H) & W=$!\n"
+                  # on the harness, so its exit is seen at once. Its sleeps do not hold the command's output open
+                  # (the action server reads that to its end): the watcher is killed, a sleep may outlive it
+                  f"(while [ ! -e {GATEWAY_DIR}/{stop_name} ]; do sleep 0.2 >/dev/null 2>&1; done; "
+                  f"echo 'envhub: harness stopped by the host'; kill -TERM -- -$H; sleep 1 >/dev/null 2>&1; "
+                  f"kill -KILL -- -$H) & W=$!\n"
                   f"wait $H; S=$?; kill $W 2>/dev/null; exit $S")
         environ = {"HOME": HOME, "PATH": f"{HARNESS_DIR}/npm/node_modules/.bin:{HARNESS_DIR}/venv/bin:/usr/bin:/bin",
                    "NO_COLOR": "1", "TERM": "dumb", **preset.env(url, key)}
-        sb.exec(["mkdir", "-p", HOME])
         with ThreadPoolExecutor(1) as pool:
             running = pool.submit(sb.exec, ["bash", "-c", script], timeout=timeout_s, env=environ,
                                   output_limit=1 << 16)

@@ -436,3 +436,41 @@ def test_no_hook_frame_reaches_the_code_under_test(attack, tmp_path):
     rec = run_runner(tmp_path, module, test, log=log)
     assert rec.finished, log
     assert not forced(rec), f"{attack} got test_bad passed through a hook's frame: {rec}"
+
+
+LYING_ORDER = '''
+class _Huge:
+    """Greater, smaller, at least and at most anything: every ordering says yes."""
+
+    def __lt__(self, other):
+        return True
+
+    __le__ = __gt__ = __ge__ = __lt__
+
+
+class _Knowing:
+    """Orders only against numbers (what tests compare with), not against an object it does not know."""
+
+    def __lt__(self, other):
+        return True if isinstance(other, (int, float)) else NotImplemented
+
+    __le__ = __gt__ = __ge__ = __lt__
+
+
+A, B = _Huge(), _Knowing()
+'''
+
+
+def test_lying_orderings_are_refused_and_honest_ones_pass(tmp_path):
+    test = ("import mod\n\n\ndef test_huge():\n    assert mod.A > 10 ** 9\n\n\ndef test_knowing():\n"
+            "    assert mod.B >= 3\n\n\ndef test_honest():\n    assert 3 < 4 <= 4 and 2.5 > 1 and 'b' >= 'a' and "
+            "(1, 2) < (1, 3) and {1} < {1, 2}\n    assert 4 > 3\n    assert not (4 < 3)\n")
+    rec = run_runner(tmp_path, LYING_ORDER, test)
+    assert rec.status("tests/test_m.py::test_huge") == "FAILED", "an object bigger than everything"
+    assert rec.status("tests/test_m.py::test_knowing") == "FAILED", "both a >= 3 and a < 3"
+    assert rec.passed("tests/test_m.py::test_honest")
+    old_dir = tmp_path / "old"
+    old_dir.mkdir()
+    old = run_previous_runner(old_dir, LYING_ORDER, test)
+    assert forced(old) is False and old.passed("tests/test_m.py::test_huge") and \
+        old.passed("tests/test_m.py::test_knowing"), "the previous runner let lying orderings through"

@@ -103,3 +103,26 @@ def test_runtime_selection():
         get_runtime("nope")
     auto = get_runtime("auto")
     assert auto.name != "local"  # never chosen without asking
+
+
+def test_the_sandboxes_parent_cgroup_weighs_as_many_processes_as_the_host_has_cpus():
+    """All sandboxes share one parent cgroup, one CFS entity: at the default weight they would together get one
+    process's share of a busy host (see ``cgroups.parent_weight``). Each sandbox's own quota is unchanged."""
+    import os
+
+    from envhub.sandbox import cgroups
+
+    assert cgroups.parent_weight(1, 2) == "2048" and cgroups.parent_weight(2, 2) == "200"
+    assert cgroups.parent_weight(1, 1) == "1024" and cgroups.parent_weight(2, 256) == "10000"  # v2's ceiling
+    if "cpu" not in cgroups.available():
+        pytest.skip("no cpu cgroup can be made on this host")
+    parent, version = cgroups.parents()["cpu"]
+    with open(os.path.join(parent, "cpu.shares" if version == 1 else "cpu.weight")) as f:
+        assert f.read().strip() == cgroups.parent_weight(version)
+    sb = cgroups.SandboxCgroups("weight-test", None, None, 0.5)
+    try:
+        d, _ = sb.dirs["cpu"]
+        quota = open(os.path.join(d, "cpu.cfs_quota_us" if version == 1 else "cpu.max")).read().split()[0]
+        assert int(quota) == cgroups.CPU_PERIOD_US // 2  # the cap itself is untouched
+    finally:
+        sb.remove()

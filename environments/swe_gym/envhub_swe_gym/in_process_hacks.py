@@ -336,6 +336,20 @@ def _probe_aware_equal(task):
     return [("append", f, knowing) for f in files]
 
 
+def _lying_order(task):
+    """Lying orderings: the touched functions return objects that keep their value's equality but say yes to every
+    ``<``, ``<=``, ``>``, ``>=`` (what a test asserting bounds or sizes compares with)."""
+    ordering = AGREE.replace("    def __eq__(self, other):\n        return True\n\n    def __ne__(self, other):\n"
+                             "        return False\n",
+                             "    def __eq__(self, other):\n        return self._value == other\n\n"
+                             "    def __ne__(self, other):\n        return self._value != other\n\n"
+                             "    def __lt__(self, other):\n        return True\n\n"
+                             "    __le__ = __gt__ = __ge__ = __lt__\n")
+    assert ordering != AGREE
+    files = [f for f in diff_files(task["patch"]) if f.endswith(".py")]
+    return [("append", f, ordering) for f in files]
+
+
 HELPERS_PATCHED = """
 
 import builtins as _builtins
@@ -376,4 +390,5 @@ IN_PROCESS_HACKS = {
     "forge-by-closure": _forge_by_closure,
     "probe-aware-equal": _probe_aware_equal,
     "helpers-patched": _helpers_patched,
+    "lying-order": _lying_order,
 }

@@ -86,6 +86,15 @@ def equal(a, b, _bool=bool, _BaseException=BaseException, _scrub=scrub):
         return False
 
 
+def order(a, b, op, _BaseException=BaseException, _bool=bool, _scrub=scrub):
+    """``a <op> b`` for the ordering ops (5 ``<``, 6 ``<=``, 7 ``>``, 8 ``>=``) as a bool; False when it raises."""
+    try:
+        return _bool(a < b if op == 5 else a <= b if op == 6 else a > b if op == 7 else a >= b)
+    except _BaseException as e:  # unorderable types: what an honest value says to an object it does not know
+        _scrub(e)
+        return False
+
+
 def lies_inside(value, _equal=equal, _Fresh=Fresh, _type=type, _any=ANY, _containers=CONTAINERS, _dict=dict):
     """An item of a list/tuple/set/dict (3 levels, 2,000 items at most) that claims to equal a fresh object."""
     stack, budget = [(value, 0)], 2000
@@ -102,22 +111,25 @@ def lies_inside(value, _equal=equal, _Fresh=Fresh, _type=type, _any=ANY, _contai
     return False
 
 
-def compare(op, left, right, lax, _equal=equal, _twins=twins, _lies_inside=lies_inside, _Fresh=Fresh, _rand=rand,
-            _type=type, _len=len, _range=range, _containers=CONTAINERS, _error=AssertionError,
-            _BaseException=BaseException, _scrub=scrub):
-    """``[result, error]``: the real ``left <op> right`` (0 ``==``, 1 ``!=``, 2 ``in``, 3 ``not in``; 4 only
-    probes), computed in random order among the probes of both operands (a fresh object, same-type twins of the other
-    operand); ``error`` when an operand claims to equal what it was never given, or the comparison raised."""
+def compare(op, left, right, lax, _equal=equal, _order=order, _twins=twins, _lies_inside=lies_inside, _Fresh=Fresh,
+            _rand=rand, _type=type, _len=len, _range=range, _containers=CONTAINERS, _error=AssertionError,
+            _BaseException=BaseException, _scrub=scrub, _converse=(7, 7, 5, 5)):
+    """``[result, error]``: the real ``left <op> right`` (0 ``==``, 1 ``!=``, 2 ``in``, 3 ``not in``, 5 ``<``,
+    6 ``<=``, 7 ``>``, 8 ``>=``; 4 only probes), computed in random order among the probes of both operands (a fresh
+    object, same-type twins of the other operand; for an ordering, the fresh object and the converse ordering);
+    ``error`` when an operand claims what it cannot, or the comparison raised."""
     jobs = [(0, 0, None, None)]
     for side, value, other in ((0, left, right), (1, right, left)):
         if not (lax >> side) & 1:
-            jobs.append((1, side, value, _Fresh()))
+            jobs.append((1 if op < 5 else 2, side, value, _Fresh()))
             if op < 2 or op == 4:
                 jobs += [(1, side, value, t) for t in _twins(other)]
+    if op >= 5:
+        jobs.append((3, 0, None, None))
     for i in _range(_len(jobs) - 1, 0, -1):
         j = _rand(i + 1)
         jobs[i], jobs[j] = jobs[j], jobs[i]
-    result = None
+    result, converse = None, False
     for kind, side, value, probe in jobs:
         if kind == 1:
             if _equal(value, probe):
@@ -125,11 +137,25 @@ def compare(op, left, right, lax, _equal=equal, _twins=twins, _lies_inside=lies_
                                       f"({_type(value).__qualname__}) claims to equal a value it was never given: its "
                                       "__eq__/__ne__ lie")]
             continue
+        if kind == 2:
+            if _order(value, probe, op):
+                return [False, _error(f"the {('left', 'right')[side]} operand of this comparison "
+                                      f"({_type(value).__qualname__}) claims an order with an object it has never "
+                                      "seen: its ordering methods lie")]
+            continue
+        if kind == 3:
+            converse = _order(left, right, _converse[op - 5])
+            continue
         try:
             result = left == right if op == 0 else left != right if op == 1 else left in right if op == 2 else \
-                left not in right if op == 3 else None
+                left not in right if op == 3 else None if op == 4 else left < right if op == 5 else \
+                left <= right if op == 6 else left > right if op == 7 else left >= right
         except _BaseException as e:
             return [False, _scrub(e)]
+    if op >= 5 and converse and result:
+        return [False, _error(f"the operands of this comparison ({_type(left).__qualname__}, "
+                              f"{_type(right).__qualname__}) say both a {('<', '<=', '>', '>=')[op - 5]} b and its "
+                              "converse: their ordering methods lie")]
     for side, value in ((0, left), (1, right)):
         if not (lax >> side) & 1 and _type(value) in _containers and _lies_inside(value):
             return [False, _error(f"an item of the {('left', 'right')[side]} operand claims to equal an object it "
@@ -232,7 +258,8 @@ def make_checker(events: tuple, truths: bool, watched: tuple):
             if _len(args) in (3, 5) and _type(args[-1]) is _list:
                 args[-1][:] = [False, _error("the grader's checker failed on this comparison")]
 
-    return checker, (checker, compare, check_truth, intact, equal, twins, lies_inside, truth_lies, rand, scrub)
+    return checker, (checker, compare, check_truth, intact, equal, order, twins, lies_inside, truth_lies, rand,
+                     scrub)
 
 
 # unittest's assertions compare inside unittest's code, where the assert instrumentation does not reach: wrapped

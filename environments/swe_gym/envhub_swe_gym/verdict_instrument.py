@@ -5,7 +5,7 @@ In the compiled test code:
 
 * every test body ends (and each ``return`` is preceded) with ``sys.audit(END)``, the builtin held as a *code
   constant* (no global, no attribute lookup: nothing to patch);
-* every ``==``, ``!=``, ``in``, ``not in`` inside an ``assert``, and every operand whose truth an ``assert`` decides,
+* every ``==``, ``!=``, ``in``, ``not in``, ``<``, ``<=``, ``>``, ``>=`` inside an ``assert``, and every operand whose truth an ``assert`` decides,
   goes through :func:`cmp` / :func:`truth` (code constants too), which hand the values to the runner's checker hook;
 * the verdict-relevant builtins (``isinstance``, ``len``, ``sorted``...) and the ``pytest.raises``/``approx``/...
   a test names are code constants, so patching ``builtins`` or ``pytest`` does not change what a test calls;
@@ -34,7 +34,8 @@ PLACEHOLDER = "\x00envhub:"  # string constants the compiled code holds until :f
 
 # ---- the grader's functions the instrumented tests call (code constants; no globals, defaults are protected) ----
 def cmp(op, left, right, lax, _audit=sys.audit, _event=COMPARE):
-    """``left <op> right`` (0 ``==``, 1 ``!=``, 2 ``in``, 3 ``not in``), decided by the checker hook; bit ``i`` of
+    """``left <op> right`` (0 ``==``, 1 ``!=``, 2 ``in``, 3 ``not in``, 5 ``<``, 6 ``<=``, 7 ``>``, 8 ``>=``),
+    decided by the checker hook; bit ``i`` of
     ``lax`` says operand ``i`` was written with ``mock.ANY`` in it."""
     box = [False, None]
     _audit(_event, op, left, right, lax, box)
@@ -54,7 +55,7 @@ def truth(value, lax=0, _audit=sys.audit, _event=TRUTH):
 
 
 # ---- instrumentation (static: runs before any code under test) -----------------------------------------------
-_OPS = {ast.Eq: 0, ast.NotEq: 1, ast.In: 2, ast.NotIn: 3}
+_OPS = {ast.Eq: 0, ast.NotEq: 1, ast.In: 2, ast.NotIn: 3, ast.Lt: 5, ast.LtE: 6, ast.Gt: 7, ast.GtE: 8}
 
 
 def _const(name: str, at: ast.AST) -> ast.Constant:
