@@ -10,11 +10,13 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
 
 from envhub_swe_gym import testrun, verdict
+from envhub_swe_gym.in_process_hacks import HELPERS_PATCHED
 
 from test_swe_gym_verdicts import REPO_ROOT, run_runner
 
@@ -44,64 +46,47 @@ def run_previous_runner(tmp_path: Path, module_code: str, test_code: str) -> ver
     return verdict.read_records(Path(secret.out).read_text(), secret)
 
 
+def when_test_bad_runs(action: str, prelude: str = "") -> str:
+    """Module code for an attack that runs ``action`` (statements using ``item``, pytest's test item) as pytest is
+    about to call ``test_bad``, by wrapping ``_pytest.runner.call_and_report``; ``prelude``: module code before it."""
+    return ("import sys\n" + textwrap.dedent(prelude) + "\n\ndef _install():\n"
+            "    runner = vars(sys)['modules']['_pytest.runner']\n    original = runner.call_and_report\n\n"
+            "    def car(item, when, log=True, **kw):\n        if when == 'call' and item.name == 'test_bad':\n"
+            + textwrap.indent(textwrap.dedent(action).strip("\n"), " " * 12) + "\n"
+            "        return original(item, when, log, **kw)\n    runner.call_and_report = car\n\n\n_install()\n")
+
+
+
 def forced(rec: verdict.RunRecords) -> bool:
     """What the grader would count as a pass for ``test_bad``: all phases passed and its body's end recorded."""
     return rec.passed(BAD) and BAD in rec.body_ends
 
 
-FORGE_BY_CLOSURE = '''
-import sys
+FORGE_BY_CLOSURE = when_test_bad_runs('''
+    write = _write()
 
+    def body():
+        if write is not None:
+            write(item.nodeid, 'body-end', '')
+        sys.audit('envhub.verdict.end')  # and the new grader's event, raised from here
+    item.runtest = body
+''', prelude='''
 
-def _write():
-    for m in list(vars(sys)['modules'].values()):
-        end = getattr(m, 'end', None)
-        if callable(end) and hasattr(m, 'cmp') and getattr(end, '__closure__', None):
-            for cell in end.__closure__:
-                if getattr(cell.cell_contents, '__name__', '') == 'write':
-                    return cell.cell_contents
-    return None
-
-
-def _install():
-    runner = vars(sys)['modules']['_pytest.runner']
-    original = runner.call_and_report
-
-    def car(item, when, log=True, **kw):
-        if when == 'call' and item.name == 'test_bad':
-            write = _write()
-
-            def body():
-                if write is not None:
-                    write(item.nodeid, 'body-end', '')
-                sys.audit('envhub.verdict.end')  # and the new grader's event, raised from here
-            item.runtest = body
-        return original(item, when, log, **kw)
-    runner.call_and_report = car
-
-
-_install()
-'''
-CMP_REPLACED = '''
-import sys
-
-
-def _install():
-    runner = vars(sys)['modules']['_pytest.runner']
-    original = runner.call_and_report
-
-    def car(item, when, log=True, **kw):
-        if when == 'call' and item.name == 'test_bad':
-            space = vars(item.module)
-            for name, value in list(space.items()):
-                if getattr(value, '__name__', '') in ('cmp', 'truth'):
-                    space[name] = lambda *args: True
-        return original(item, when, log, **kw)
-    runner.call_and_report = car
-
-
-_install()
-'''
+    def _write():
+        for m in list(vars(sys)['modules'].values()):
+            end = getattr(m, 'end', None)
+            if callable(end) and hasattr(m, 'cmp') and getattr(end, '__closure__', None):
+                for cell in end.__closure__:
+                    if getattr(cell.cell_contents, '__name__', '') == 'write':
+                        return cell.cell_contents
+        return None
+''')
+CMP_REPLACED = when_test_bad_runs('''
+    space = vars(item.module)
+    for name, value in list(space.items()):
+        if getattr(value, '__name__', '') in ('cmp', 'truth'):
+            space[name] = lambda *args: True
+''')
 CHECKS_DISABLED = '''
 import sys
 
@@ -134,32 +119,8 @@ class _Knowing:
 
 A = _Knowing()
 '''
-ISINSTANCE_PATCHED = '''
-import builtins
-import sys
-
-_real = builtins.isinstance
-
-
-def _isinstance(obj, kinds):
-    caller = vars(sys)['_get' + 'frame'](1).f_code.co_filename
-    return True if '/tests/' in caller else _real(obj, kinds)
-
-
-builtins.isinstance = _isinstance
-VALUE = 'not a number'
-'''
-RAISES_PATCHED = '''
-import contextlib
-
-import pytest
-
-pytest.raises = lambda *args, **kwargs: contextlib.suppress(BaseException)
-
-
-def parse(text):
-    return 0  # should raise ValueError on bad input
-'''
+ISINSTANCE_PATCHED = HELPERS_PATCHED + "\nVALUE = 'not a number'\n"  # the helpers-patched probe's code
+RAISES_PATCHED = HELPERS_PATCHED + "\n\ndef parse(text):\n    return 0  # should raise ValueError on bad input\n"
 PROC_MEM_BY_SYMLINK = '''
 import os
 import tempfile
@@ -237,30 +198,15 @@ def test_the_checker_compares_where_values_cannot_look(tmp_path):
     assert len((tmp_path / "refused").read_text()) >= 2, "the real comparison and the probes were all refused"
 
 
-SPOOFED_BEGIN = '''
-import sys
-
-
-def _install():
-    runner = vars(sys)['modules']['_pytest.runner']
-    original = runner.call_and_report
-
-    def car(item, when, log=True, **kw):
-        if when == 'call' and item.name == 'test_bad':
-            def body():
-                # the grader's own plugin function, told that test_bad runs, then a passing test's body
-                plugin = next(p for p in item.config.pluginmanager.get_plugins()
-                              if type(p).__name__ == 'Recorder')
-                steps = type(p := plugin).pytest_runtest_call(p, item)
-                next(steps)
-                item.module.test_good()
-            item.runtest = body
-        return original(item, when, log, **kw)
-    runner.call_and_report = car
-
-
-_install()
-'''
+SPOOFED_BEGIN = when_test_bad_runs('''
+    def body():
+        # the grader's own plugin function, told that test_bad runs, then a passing test's body
+        plugin = next(p for p in item.config.pluginmanager.get_plugins() if type(p).__name__ == 'Recorder')
+        steps = type(plugin).pytest_runtest_call(plugin, item)
+        next(steps)
+        item.module.test_good()
+    item.runtest = body
+''')
 OWN_COMPILE = '''
 import ast
 import sys
@@ -279,28 +225,14 @@ def _rewrite_test(fn, config):
 _rewrite._rewrite_test = _rewrite_test
 _rewrite._read_pyc = lambda *args, **kwargs: None
 '''
-DEFAULTS_REPLACED = '''
-import sys
-
-
-def _install():
-    runner = vars(sys)['modules']['_pytest.runner']
-    original = runner.call_and_report
-
-    def car(item, when, log=True, **kw):
-        if when == 'call' and item.name == 'test_bad':
-            for const in item.obj.__code__.co_consts:
-                if getattr(const, '__name__', '') == 'cmp':
-                    try:
-                        const.__defaults__ = (lambda *args: None, 'nothing')
-                    except RuntimeError:
-                        pass
-        return original(item, when, log, **kw)
-    runner.call_and_report = car
-
-
-_install()
-'''
+DEFAULTS_REPLACED = when_test_bad_runs('''
+    for const in item.obj.__code__.co_consts:
+        if getattr(const, '__name__', '') == 'cmp':
+            try:
+                const.__defaults__ = (lambda *args: None, 'nothing')
+            except RuntimeError:
+                pass
+''')
 TWO_FILES = "import mod  # noqa\n\n\ndef test_good():\n    assert 1 == 1\n\n\ndef test_bad():\n    assert 1 == 2\n"
 
 
@@ -351,9 +283,10 @@ def test_inherited_tests_end_as_their_base_body_and_overrides_as_their_own(tmp_p
 
 # A hook's frames must never reach the code under test: through the traceback of an exception raised inside a hook
 # (a refusal, a lie found), a frame's locals lead to the hook's helpers and their closure cells (rewritable).
-TRACEBACK_TO_RECORDER = '''
-import sys
-
+TRACEBACK_TO_RECORDER = when_test_bad_runs('''
+    if WRITE is not None:
+        item.runtest = lambda: WRITE(item.nodeid, 'body-end', '')
+''', prelude='''
 
 def _frames(error):
     tb = error.__traceback__
@@ -377,20 +310,7 @@ def _writer():
 
 WRITE = _writer()
 
-
-def _install():
-    runner = vars(sys)['modules']['_pytest.runner']
-    original = runner.call_and_report
-
-    def car(item, when, log=True, **kw):
-        if when == 'call' and item.name == 'test_bad' and WRITE is not None:
-            item.runtest = lambda: WRITE(item.nodeid, 'body-end', '')
-        return original(item, when, log, **kw)
-    runner.call_and_report = car
-
-
-_install()
-'''
+''')
 TRACEBACK_TO_CHECKER = '''
 import sys
 
