@@ -229,7 +229,8 @@ DEFAULTS_REPLACED = when_test_bad_runs('''
     for const in item.obj.__code__.co_consts:
         if getattr(const, '__name__', '') == 'cmp':
             try:
-                const.__defaults__ = (lambda *args: None, 'nothing')
+                # cmp(op, left, right, lax, _audit, _event) would then say True to everything
+                const.__defaults__ = (lambda event, *args: args[-1].__setitem__(0, True), 'nothing')
             except RuntimeError:
                 pass
 ''')
@@ -394,3 +395,28 @@ def test_lying_orderings_are_refused_and_honest_ones_pass(tmp_path):
     old = run_previous_runner(old_dir, LYING_ORDER, test)
     assert forced(old) is False and old.passed("tests/test_m.py::test_huge") and \
         old.passed("tests/test_m.py::test_knowing"), "the previous runner let lying orderings through"
+
+
+OTHER_THREADS_FRAMES = """
+import sys
+import threading
+
+
+def _grab():
+    try:
+        vars(sys)['_current' + '_frames']()
+    except RuntimeError:
+        pass
+
+
+threading.Thread(target=_grab).start()
+"""
+
+
+def test_another_threads_frames_are_refused(tmp_path):
+    """A thread that reads the main thread's frames could catch a hook mid-run (while it writes, the GIL is free):
+    ``sys._current_frames`` is refused and recorded, whatever the other switches."""
+    for audit in (True, False):
+        (tmp_path / str(audit)).mkdir()
+        rec = run_runner(tmp_path / str(audit), OTHER_THREADS_FRAMES, TWO_FILES, audit=audit)
+        assert rec.finished and "sys._current_frames" in rec.tampering, rec.tampering
