@@ -43,12 +43,17 @@ async def test_swapping_llm_servers_mid_run_disturbs_no_rollout(serve, hf, tiny_
         async with RolloutClient(srv.url) as c:
             added = await c.add_llm_server(old.url + "/v1")  # ProRL clients send the /v1 base URL
             assert added[0]["backends"] == [old.url]
-            jobs = [asyncio.ensure_future(c.process({"env_id": "guess-number", "task_id": t}, PARAMS, raw=True))
+            # more turns than the other tests: every rollout must still be running when the swap comes, even on a
+            # busy host where the four start far apart
+            params = {**PARAMS, "max_turns": 12}
+            jobs = [asyncio.ensure_future(c.process({"env_id": "guess-number", "task_id": t}, params, raw=True))
                     for t in ids]
             deadline = time.monotonic() + 60
-            while len(old.bodies) < 8 and time.monotonic() < deadline:  # a couple of turns each, on the old server
+            while time.monotonic() < deadline:  # all four sessions on the old server (sticky), a turn or more each
+                st = (await c.status())[0]
+                if st["backends"][0]["assigned"] == 4 and len(old.bodies) >= 4:
+                    break
                 await asyncio.sleep(0.01)
-            st = (await c.status())[0]
             assert st["backends"][0]["name"] == old.url and st["backends"][0]["assigned"] == 4  # sticky sessions
             assert not any(j.done() for j in jobs)
 
@@ -61,7 +66,7 @@ async def test_swapping_llm_servers_mid_run_disturbs_no_rollout(serve, hf, tiny_
             assert sum(not j.done() for j in jobs) >= 2
             await c.add_llm_server(new.url)
             results = await asyncio.wait_for(asyncio.gather(*jobs), 120)
-            later = await c.process({"env_id": "guess-number", "task_id": ids[0]}, PARAMS, raw=True)
+            later = await c.process({"env_id": "guess-number", "task_id": ids[0]}, params, raw=True)
             st = (await c.status())[0]
     finally:
         await old.stop()
