@@ -24,22 +24,13 @@ import os
 import sys
 import time
 
-from . import protocol
+from . import protocol, spawn
 from .limits import OutputCap, apply_rlimits, clip
 
-# subprocess, selectors, shutil, the shell, the editor and IPython are imported on first use: a sandbox is ready as
-# soon as this module and the socket are, which is most of its cold-start time.
+# shutil, the shell, the editor and IPython are imported on first use: a sandbox is ready as soon as this module and
+# the socket are, which is most of its cold-start time. ``exec`` needs no import at all (see .spawn: not subprocess).
 
 WATCHDOG_GRACE_S = 15.0  # a request this long past its own timeout means the server is stuck: exit, host restarts
-
-
-def _child_setup(limits: dict):
-    def setup() -> None:
-        for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT):  # Python ignores these; children must not
-            signal.signal(sig, signal.SIG_DFL)
-        apply_rlimits(limits.get("memory_mb"), limits.get("cpu_s"), limits.get("max_file_mb"),
-                      limits.get("max_procs"), oom_score_adj=1000)
-    return setup
 
 
 class Server:
@@ -98,7 +89,7 @@ class Server:
             from .bash import BashSession
 
             cmd_file = self.cfg.get("cmd_file") or os.path.join(self.rundir, ".cmd")
-            self.bash = BashSession(self.workdir, self.env, cmd_file, _child_setup(self.child_limits))
+            self.bash = BashSession(self.workdir, self.env, cmd_file, spawn.child_setup(self.child_limits))
         return self.bash
 
     def op_shell(self, req: dict) -> dict:
@@ -174,8 +165,6 @@ class Server:
         return {"bytes": len(data)}
 
     def op_exec(self, req: dict) -> dict:
-        import subprocess
-
         cmd = req["cmd"]
         argv = ["bash", "-c", cmd] if isinstance(cmd, str) else [str(a) for a in cmd]
         if not argv:
@@ -191,28 +180,23 @@ class Server:
         stdin = binascii.a2b_base64(data) if data is not None else None
         t0 = time.monotonic()
         try:
-            proc = subprocess.Popen(argv, cwd=req.get("cwd") or self.workdir, env=env,
-                                    stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-                                    preexec_fn=_child_setup(limits))
+            child = spawn.start(argv, req.get("cwd") or self.workdir, env, limits, with_stdin=stdin is not None)
         except OSError as e:  # no such program, not executable, cwd missing: a result, not a crash
             return {"exit_code": 127 if isinstance(e, FileNotFoundError) else 126, "signal": None, "stdout": "",
                     "stderr": f"{e.filename or argv[0]}: {e.strerror or e}\n", "timed_out": False, "cut": 0,
                     "duration_s": time.monotonic() - t0}
-        self.children.add(proc.pid)
+        self.children.add(child.pid)
         timed_out = True
         try:
-            timed_out = _pump(proc, stdin, out_cap, err_cap, t0 + timeout)
+            timed_out = spawn.pump(child, stdin, out_cap, err_cap, t0 + timeout)
             if not timed_out:  # the output closed; the command may still be running (it closed its own stdout)
-                try:
-                    proc.wait(timeout=max(0.0, t0 + timeout - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    timed_out = True
+                timed_out = child.wait(t0 + timeout) is None
         finally:
-            _killpg(proc.pid)  # what is left of its process group: background stragglers, or the command on timeout
-            proc.wait()
-            self.children.discard(proc.pid)
-        rc = proc.returncode
+            _killpg(child.pid)  # what is left of its process group: background stragglers, or the command on timeout
+            child.wait()
+            child.close()
+            self.children.discard(child.pid)
+        rc = child.returncode
         sig = -rc if rc < 0 else None
         code = 124 if timed_out else (128 + sig if sig else rc)  # 124 as timeout(1) and the shell report a timeout
         return {"exit_code": code, "signal": sig, "stdout": out_cap.text(),
@@ -289,53 +273,6 @@ def _killpg(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
     except OSError:
         pass
-
-
-def _pump(proc, stdin: bytes | None, out: OutputCap, err: OutputCap, deadline: float) -> bool:
-    """Feed stdin and drain stdout/stderr until both close or the deadline passes. Returns ``timed_out``."""
-    import selectors
-
-    sel = selectors.DefaultSelector()
-    sel.register(proc.stdout, selectors.EVENT_READ, out)
-    sel.register(proc.stderr, selectors.EVENT_READ, err)
-    view = memoryview(stdin or b"")
-    if proc.stdin is not None:
-        if view:
-            os.set_blocking(proc.stdin.fileno(), False)
-            sel.register(proc.stdin, selectors.EVENT_WRITE, None)
-        else:
-            proc.stdin.close()
-    exited_at = None
-    try:
-        while sel.get_map():
-            now = time.monotonic()
-            if now >= deadline:
-                return True
-            if exited_at is None and proc.poll() is not None:
-                exited_at = now
-            if exited_at is not None and now - exited_at > 0.2:
-                return False  # the command is done; a background child still holds the pipes: stop waiting for it
-            for key, _ in sel.select(min(deadline - now, 0.05 if exited_at else 0.5)):
-                if key.data is None:
-                    try:
-                        n = os.write(key.fd, view[:65536])
-                        view = view[n:]
-                    except (BrokenPipeError, BlockingIOError) as e:
-                        if isinstance(e, BlockingIOError):
-                            continue
-                        view = view[len(view):]
-                    if not view:
-                        sel.unregister(key.fileobj)
-                        key.fileobj.close()
-                    continue
-                chunk = os.read(key.fd, 1 << 16)
-                if chunk:
-                    key.data.feed(chunk)
-                else:
-                    sel.unregister(key.fileobj)
-        return False
-    finally:
-        sel.close()
 
 
 def main(argv: list[str]) -> int:
