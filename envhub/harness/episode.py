@@ -51,12 +51,18 @@ class HarnessRunner:
     start sessions or read other sessions) and runs harness episodes against it.
 
     ``HarnessRunner(gw)`` serves from a thread (the CLI, tests); ``await HarnessRunner.in_loop(gw)`` serves on the
-    running event loop (the rollout service, whose backends' connections belong to its loop)."""
+    running event loop (the rollout service, whose backends' connections belong to its loop).
 
-    def __init__(self, gateway: Gateway, *, builder: str = "prefix_merging", thread: bool = True):
+    ``cpu_quota``: the CPUs' worth of time each harness sandbox may use, at least (a task set's larger quota stands;
+    None: uncapped). An agent CLI is a Node.js or Bun program whose start keeps more than one core busy (JIT, GC
+    threads): under the 1-CPU default of a task set's sandbox, opencode took 10.3 s to its first model call instead
+    of 7.1 s outside, codex 1.16x its bare time instead of 1.05x (``benchmarks/harness.py``)."""
+
+    def __init__(self, gateway: Gateway, *, builder: str = "prefix_merging", thread: bool = True,
+                 cpu_quota: float | None = 2.0):
         from envhub.gateway.server import GatewayThread
 
-        self.gateway, self.builder = gateway, builder
+        self.gateway, self.builder, self.cpu_quota = gateway, builder, cpu_quota
         self.dir = tempfile.mkdtemp(prefix="envhub-gw-")
         os.chmod(self.dir, 0o755)
         self.sock_path = os.path.join(self.dir, "gw.sock")
@@ -216,13 +222,15 @@ class HarnessEpisode:
     def init_sync(self) -> None:
         if self.env is None:
             self.env = self.spec.make(**self.config.env_kwargs)
-        base_spec_for, gateway_dir = self.env.sandbox_spec_for, self.runner.dir
+        base_spec_for, gateway_dir, cpu_quota = self.env.sandbox_spec_for, self.runner.dir, self.runner.cpu_quota
 
         def spec_for(t: Any) -> Any:
             s = base_spec_for(t)
             s.binds = list(s.binds) + [(str(HARNESS_DIR), str(HARNESS_DIR), "ro"), (gateway_dir, GATEWAY_DIR, "ro")]
             s.memory_mb = None  # node and the harness binaries reserve far more address space than RLIMIT_AS allows
             s.max_procs = max(s.max_procs or 0, 512)
+            if s.cpu_quota is not None:  # an uncapped task set stays uncapped
+                s.cpu_quota = None if cpu_quota is None else max(s.cpu_quota, cpu_quota)
             return s
 
         self.env.sandbox_spec_for = spec_for

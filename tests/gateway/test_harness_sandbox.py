@@ -1,0 +1,60 @@
+"""The sandbox a harness episode runs in, without a harness binary (the harness tier runs the real ones): the task
+set's sandbox plus the gateway's socket and the harness install (read-only), no RLIMIT_AS, and at least the runner's
+CPU quota, applied by the real cpu cgroup where this host can make one."""
+from __future__ import annotations
+
+import os
+
+import pytest
+from helpers import bwrap_why_not
+
+from envhub.backends.scripted import ScriptedBackend
+from envhub.env import Action
+from envhub.gateway import Gateway
+from envhub.harness.episode import GATEWAY_DIR, HarnessEpisode, HarnessRunner
+from envhub.harness.presets import HARNESS_DIR, PRESETS
+
+
+@pytest.fixture
+def swe_gym():
+    import envhub
+
+    why = bwrap_why_not()
+    if why:
+        pytest.skip(why)
+    spec = envhub.get_spec("swe-gym")
+    return spec, [dict(t) for t in spec.load_tasks()][0]
+
+
+def sandbox_of(runner, spec, task):
+    ep = HarnessEpisode(runner, spec, PRESETS["codex"], task)  # not started: the binary need not be installed
+    ep.init_sync()
+    return ep
+
+
+def cpu_max(sb) -> str | None:
+    cg = getattr(sb, "cg", None)
+    if cg is None or "cpu" not in cg.dirs:
+        return None
+    d, version = cg.dirs["cpu"]
+    return open(os.path.join(d, "cpu.max" if version == 2 else "cpu.cfs_quota_us")).read().split()[0]
+
+
+@pytest.mark.parametrize("quota", [2.0, 3.5, None])
+def test_a_harness_sandbox_gets_the_runners_cpu_quota_and_the_gateway(swe_gym, tiny_tokenizer, quota):
+    from envhub.sandbox import cgroups
+
+    spec, task = swe_gym
+    with HarnessRunner(Gateway(ScriptedBackend(lambda *_: Action("x")), tiny_tokenizer), cpu_quota=quota) as runner:
+        ep = sandbox_of(runner, spec, task)
+        try:
+            sb = ep.env.sandbox
+            assert sb.spec.cpu_quota == quota  # swe-gym's own sandboxes have 1.0
+            assert sb.spec.memory_mb is None
+            binds = {dest: (host, mode) for host, dest, mode in sb.spec.binds}
+            assert binds[GATEWAY_DIR] == (runner.dir, "ro") and binds[str(HARNESS_DIR)][1] == "ro"
+            assert sb.exec(["test", "-S", f"{GATEWAY_DIR}/gw.sock"]).ok
+            if quota is not None and "cpu" in cgroups.available():
+                assert int(cpu_max(sb)) == int(quota * cgroups.CPU_PERIOD_US)
+        finally:
+            ep.close_sync()
