@@ -107,11 +107,19 @@ def zombies() -> list[int]:
 
 
 def test_the_program_is_looked_up_on_the_commands_own_path(tmp_path):
-    (tmp_path / "envhub-probe").write_text("#!/bin/sh\necho found\n")
-    (tmp_path / "envhub-probe").chmod(0o755)
-    env = dict(os.environ, PATH=f"{tmp_path}:/usr/bin:/bin")
+    """As execvp: the command's own PATH, in order; a file found but not executable is passed over for a later one,
+    and is the error when no later one runs."""
+    first, second = tmp_path / "a", tmp_path / "b"
+    for d, mode in ((first, 0o644), (second, 0o755)):
+        d.mkdir()
+        (d / "envhub-probe").write_text(f"#!/bin/sh\necho found in {d.name}\n")
+        (d / "envhub-probe").chmod(mode)
+    env = dict(os.environ, PATH=f"{tmp_path / 'none'}:{first}:{second}:/usr/bin:/bin")
     child, _, out, _ = run(["envhub-probe"], env=env)
-    assert out == "found\n"
+    assert out == "found in b\n"
+    with pytest.raises(PermissionError) as e:
+        spawn.start(["envhub-probe"], os.getcwd(), dict(env, PATH=f"{first}:{tmp_path / 'none'}"), {}, False)
+    assert e.value.filename == "envhub-probe"
 
 
 def test_exit_status_and_signal_are_reported_as_popen_did():

@@ -74,6 +74,9 @@ def start(argv: list[str], cwd: str, env: dict[str, str], limits: dict, with_std
     err_r, err_w = os.pipe()
     fail_r, fail_w = os.pipe()  # close-on-exec: EOF means the exec happened; bytes are the reason it did not
     setup = child_setup(limits)
+    # PATH is searched here, not in the child by os.execvpe (which imports warnings there, in every child)
+    candidates = [argv[0]] if "/" in argv[0] else \
+        [os.path.join(d or ".", argv[0]) for d in env.get("PATH", os.defpath).split(os.pathsep)]
     pid = os.fork()
     if pid == 0:  # the child: nothing here may return into the server's code
         try:
@@ -84,11 +87,15 @@ def start(argv: list[str], cwd: str, env: dict[str, str], limits: dict, with_std
             os.closerange(3, fail_w)
             os.closerange(fail_w + 1, os.sysconf("SC_OPEN_MAX"))
             os.chdir(cwd)  # its error names the directory
-            try:
-                os.execvpe(argv[0], argv, env)
-            except OSError as e:  # name the program, not the last directory of PATH tried
-                e.filename = argv[0]
-                raise
+            failed = None
+            for exe in candidates:
+                try:
+                    os.execve(exe, argv, env)
+                except OSError as e:  # as execvp: the first error other than "not there" wins, else the last
+                    if failed is None or isinstance(failed, (FileNotFoundError, NotADirectoryError)):
+                        failed = e
+            failed.filename = argv[0]  # name the program, not the last directory of PATH tried
+            raise failed
         except BaseException as e:
             err = e if isinstance(e, OSError) else OSError(0, f"{type(e).__name__}: {e}")
             why = f"{err.errno or 0}\0{err.filename or ''}\0{err.strerror or err}"
