@@ -420,3 +420,129 @@ def test_another_threads_frames_are_refused(tmp_path):
         (tmp_path / str(audit)).mkdir()
         rec = run_runner(tmp_path / str(audit), OTHER_THREADS_FRAMES, TWO_FILES, audit=audit)
         assert rec.finished and "sys._current_frames" in rec.tampering, rec.tampering
+
+
+DEPTH = """
+import sys
+
+
+def depth():
+    # how deep this call is: the frames left before a RecursionError (no frame touched)
+    n = [0]
+
+    def down():
+        n[0] += 1
+        down()
+    try:
+        down()
+    except RecursionError:
+        pass
+    return sys.getrecursionlimit() - n[0]
+"""
+WHERE_FROM = DEPTH + """
+import warnings
+
+
+def trail():
+    # where each caller above sits, read without touching a frame (warnings walks the stack in C) ...
+    out = []
+    for level in range(3, 9):
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter('always')
+            warnings.warn('where', stacklevel=level)
+        out.append(f"{seen[0].filename.rsplit('/', 1)[-1]}:{seen[0].lineno}" if seen else '-')
+    return ' '.join(out) + f' depth={depth()}'  # ... and how deep
+
+
+def note(label, what):
+    open('calls', 'a').write(f'{label}|{what}|{trail()}\\n')
+
+
+class Value:
+    def __init__(self, label):
+        self.label = label
+
+    def __eq__(self, other):
+        note(self.label, 'eq')
+        return other is self
+
+    def __ne__(self, other):
+        note(self.label, 'ne')
+        return other is not self
+
+    def __lt__(self, other):
+        note(self.label, 'lt')
+        return False
+
+    def __gt__(self, other):
+        note(self.label, 'gt')
+        return False
+
+    def __bool__(self):
+        note(self.label, 'bool')
+        return False
+
+    def __contains__(self, item):
+        note(self.label, 'contains')
+        return False
+
+    __hash__ = object.__hash__
+"""
+WHERE_FROM_TESTS = ("import mod\n\n\ndef test_eq():\n    assert mod.Value('eq') == 3\n\n\ndef test_ne():\n"
+                    "    assert mod.Value('ne') != mod.Value('other')\n\n\ndef test_lt():\n"
+                    "    assert mod.Value('lt') < 3\n\n\ndef test_in():\n    assert 3 in mod.Value('in')\n\n\n"
+                    "def test_truth():\n    assert mod.Value('truth')\n\n\ndef test_item():\n"
+                    "    assert [mod.Value('item')] == [3]\n\n\ndef test_dict_value():\n"
+                    "    assert {'k': (mod.Value('dict'),)} == {'k': (3,)}\n")
+
+
+def test_a_value_is_called_from_one_place_at_one_depth_for_the_real_comparison_and_every_probe(tmp_path):
+    """The checker decides a comparison among probes; a value that could tell which call is the real one would answer
+    that one alone honestly-looking and lie to the rest. Frames are refused, but two channels need none: the file and
+    line of each caller (``warnings.warn(stacklevel=k)`` walks the stack in C) and the depth (count frames to a
+    ``RecursionError``). Before this change the real comparison ran at its own line of ``compare``, one frame above
+    the probes (in ``equal``/``order``/``lies_inside``): a liar could answer by either. Now every call into tested code
+    is made from one line at one depth, so each of a value's methods sees one caller trail, whichever job it is."""
+    rec = run_runner(tmp_path, WHERE_FROM, WHERE_FROM_TESTS)
+    calls: dict[tuple[str, str], set[str]] = {}
+    counts: dict[tuple[str, str], int] = {}
+    for line in (tmp_path / "calls").read_text().splitlines():
+        label, what, where = line.split("|")
+        calls.setdefault((label, what), set()).add(where)
+        counts[(label, what)] = counts.get((label, what), 0) + 1
+    # the real call and at least one probe of each kind were made ...
+    assert counts[("eq", "eq")] >= 3 and counts[("ne", "ne")] >= 2 and counts[("lt", "lt")] >= 2
+    assert counts[("in", "contains")] >= 2 and counts[("truth", "bool")] >= 1 and counts[("truth", "eq")] >= 1
+    assert counts[("item", "eq")] >= 2 and counts[("dict", "eq")] >= 2
+    # ... and each method saw one place and one depth
+    assert {k: v for k, v in calls.items() if len(v) > 1} == {}
+    assert all(rec.status(f"tests/test_m.py::test_{n}") == "FAILED" for n in ("eq", "lt", "in", "truth", "item"))
+
+
+DEPTH_LIAR = DEPTH + """
+REAL = []
+
+
+class Liar:
+    # equal to anything, but only when asked from the depth of the real comparison: mark() learns it from the test
+    # body's depth and the grader's published code (the previous checker's probes ran one frame deeper)
+    def __eq__(self, other):
+        return depth() <= REAL[0]
+
+    __ne__ = lambda self, other: not self.__eq__(other)
+    __hash__ = object.__hash__
+
+
+def mark(checker_depth_offset):
+    REAL.append(depth() + checker_depth_offset)
+"""
+
+
+@pytest.mark.parametrize("offset", [3, 4, 5, 6])
+def test_a_liar_that_answers_by_its_depth_gets_nothing(offset, tmp_path):
+    """``mark`` is called from the test body; the real comparison of the previous checker (``7afcb5e``) ran 4 frames
+    below it (cmp, the hook, compare), and this liar with offset 4 got ``test_bad`` passed there. Whatever offset it
+    guesses now, it is caught: every probe runs as deep as the real comparison."""
+    test = f"import mod\n\n\ndef test_bad():\n    mod.mark({offset})\n    assert mod.Liar() == 3\n    assert mod.Liar() == 4\n"
+    rec = run_runner(tmp_path, DEPTH_LIAR, test)
+    assert rec.status(BAD) == "FAILED"

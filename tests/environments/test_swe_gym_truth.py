@@ -30,9 +30,9 @@ needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bu
 
 
 # ---- pure parts -------------------------------------------------------------------------------------------------
-def unparse(source: str, truths: bool = True) -> str:
+def unparse(source: str, truths: bool = True, pytest_api: frozenset[str] = frozenset()) -> str:
     mod = ast.parse(source)
-    verdict_instrument.instrument(mod, truths)
+    verdict_instrument.instrument(mod, truths, pytest_api)
     return ast.unparse(mod).replace(repr(verdict_instrument.PLACEHOLDER)[1:-1], "@")
 
 
@@ -43,6 +43,23 @@ def test_bare_asserts_go_through_truth():
     assert "assert not '@truth'(g(), 0) and ('@truth'(h, 0) or '@cmp'(0, k, 1, 0))" in code
     assert "assert x is None" in code and "assert True" in code
     assert "truth" not in unparse("def test_x():\n    assert f(1)\n", truths=False)  # the truth checks off
+
+
+def test_only_names_that_pytest_alone_binds_are_frozen():
+    """A pytest name becomes a constant only where nothing else in the module could rebind it: an honest test that
+    imports its own ``raises`` (here, inside the function) must call that one, not pytest's."""
+    api = frozenset({"raises", "approx"})
+    with_raises = "    with raises(ValueError):\n        pass\n"
+    assert "'@p:raises'(" in unparse("from pytest import raises\ndef test_x():\n" + with_raises, pytest_api=api)
+    for rebinding in ("    from contextlib import suppress as raises\n", "    raises = suppress\n",
+                      "    import raises\n", "    global raises\n"):
+        code = unparse("from pytest import raises\ndef test_x():\n" + rebinding + with_raises, pytest_api=api)
+        assert "'@p:raises'" not in code and "with raises(" in code, rebinding
+    code = unparse("from pytest import raises\nfrom pytest import approx as raises\ndef test_x():\n" + with_raises,
+                   pytest_api=api)
+    assert "'@p:" not in code  # bound twice by pytest itself: which one holds depends on the order
+    code = unparse("import pytest, os\ndef test_x():\n    assert os.sep == pytest.approx(1)\n", pytest_api=api)
+    assert "'@p:approx'" in code
 
 
 def test_any_written_inside_an_operand_is_a_wildcard_there_only(tmp_path):

@@ -118,6 +118,13 @@ def test_records_need_the_key_the_run_and_the_order():
     assert rec.rejected == 4 and not rec.finished
     assert not rec.passed("t::a"), "a phase recorded twice keeps the failure"
     assert rec.status("t::b") == "MISSING"
+    # two threads' records may land out of order: read by number; a number seen twice, or past a gap, is not read
+    swapped = [good[1], good[0], good[3], good[2], line(real, 2, "t::a", "call", "failed")]
+    rec = verdict.read_records("\n".join(swapped), real)
+    assert rec.passed("t::a") and rec.finished and rec.rejected == 1
+    gap = good[:2] + [line(real, 4, "t::a", "call", "failed"), line(real, 5, "", "end", "1")]
+    rec = verdict.read_records("\n".join(gap), real)
+    assert not rec.finished and rec.rejected == 2 and rec.outcomes[("t::a", "call")] == "passed"
 
 
 def test_canaries_are_ordinary_tests_at_random_places():

@@ -192,10 +192,19 @@ for _n, _o in list(vars().items()):
 """
 
 
+AGREE_COMPARISONS = "    def __eq__(self, other):\n        return True\n\n    def __ne__(self, other):\n        return False\n"
+
+
+def _agreeing(task, comparisons: str = AGREE_COMPARISONS) -> list:
+    """``AGREE`` with ``comparisons`` as its wrapper's comparison methods, appended to every module the fix touches."""
+    assert AGREE_COMPARISONS in AGREE
+    code = AGREE.replace(AGREE_COMPARISONS, comparisons)
+    return [("append", f, code) for f in diff_files(task["patch"]) if f.endswith(".py")]
+
+
 def _always_equal(task):
     """(c) Every public function and method of the modules the fix touches returns an object equal to anything."""
-    files = [f for f in diff_files(task["patch"]) if f.endswith(".py")]
-    return [("append", f, AGREE) for f in files]
+    return _agreeing(task)
 
 
 ORACLE = """
@@ -327,27 +336,17 @@ def _forge_by_closure(task):
 def _probe_aware_equal(task):
     """(c), against probes of a foreign type: the touched functions return objects equal to every value of a builtin
     type (what tests compare results with) and unequal to anything else (a grader's fresh probe object)."""
-    knowing = AGREE.replace("    def __eq__(self, other):\n        return True\n\n    def __ne__(self, other):\n"
-                            "        return False\n",
-                            "    def __eq__(self, other):\n        return type(other).__module__ == 'builtins'\n\n"
-                            "    def __ne__(self, other):\n        return not self.__eq__(other)\n")
-    assert knowing != AGREE
-    files = [f for f in diff_files(task["patch"]) if f.endswith(".py")]
-    return [("append", f, knowing) for f in files]
+    return _agreeing(task, "    def __eq__(self, other):\n        return type(other).__module__ == 'builtins'\n\n"
+                           "    def __ne__(self, other):\n        return not self.__eq__(other)\n")
 
 
 def _lying_order(task):
     """Lying orderings: the touched functions return objects that keep their value's equality but say yes to every
     ``<``, ``<=``, ``>``, ``>=`` (what a test asserting bounds or sizes compares with)."""
-    ordering = AGREE.replace("    def __eq__(self, other):\n        return True\n\n    def __ne__(self, other):\n"
-                             "        return False\n",
-                             "    def __eq__(self, other):\n        return self._value == other\n\n"
-                             "    def __ne__(self, other):\n        return self._value != other\n\n"
-                             "    def __lt__(self, other):\n        return True\n\n"
-                             "    __le__ = __gt__ = __ge__ = __lt__\n")
-    assert ordering != AGREE
-    files = [f for f in diff_files(task["patch"]) if f.endswith(".py")]
-    return [("append", f, ordering) for f in files]
+    return _agreeing(task, "    def __eq__(self, other):\n        return self._value == other\n\n"
+                           "    def __ne__(self, other):\n        return self._value != other\n\n"
+                           "    def __lt__(self, other):\n        return True\n\n"
+                           "    __le__ = __gt__ = __ge__ = __lt__\n")
 
 
 HELPERS_PATCHED = """

@@ -77,8 +77,10 @@ class RunRecords:
 
 
 def read_records(text: str, secret: RunSecret) -> RunRecords:
-    """Keep the lines authenticated with ``secret``'s key, from this run, in sequence; a gap ends the read."""
-    out, key, seq = RunRecords(), bytes.fromhex(secret.key), 0
+    """Keep the lines authenticated with ``secret``'s key, from this run, in sequence; a gap ends the read.
+
+    Taken in the order of their sequence numbers, not of the file: two threads' records may land in either order."""
+    out, key, records = RunRecords(), bytes.fromhex(secret.key), {}
     for line in text.splitlines():
         body, _, mac = line.rpartition(" ")
         good = hmac.new(key, body.encode(), hashlib.sha256).hexdigest()
@@ -86,9 +88,13 @@ def read_records(text: str, secret: RunSecret) -> RunRecords:
             run, n, nodeid, when, outcome = json.loads(body) if hmac.compare_digest(mac, good) else (None,) * 5
         except (ValueError, TypeError):
             run = n = None
-        if run != secret.run or n != seq:
+        if run != secret.run or type(n) is not int or n in records:
             out.rejected += 1
             continue
+        records[n] = (nodeid, when, outcome)
+    seq = 0
+    while seq in records:
+        nodeid, when, outcome = records.pop(seq)
         seq += 1
         if when == "end":
             out.finished = True
@@ -108,6 +114,7 @@ def read_records(text: str, secret: RunSecret) -> RunRecords:
         previous = out.outcomes.get((nodeid, when))
         if previous is None or previous == "passed":  # a phase recorded twice: anything but a pass wins
             out.outcomes[(nodeid, when)] = outcome
+    out.rejected += len(records)  # past a gap
     return out
 
 

@@ -77,109 +77,126 @@ def twins(v, _rand=rand, _type=type, _bool=bool, _int=int, _float=float, _str=st
     return out
 
 
-def equal(a, b, _bool=bool, _BaseException=BaseException, _scrub=scrub):
-    """Whether ``a`` claims equality with ``b`` (``==`` true, or ``!=`` false); a comparison that raises does not."""
-    try:
-        return _bool(a == b) or not _bool(a != b)
-    except _BaseException as e:  # elementwise results (numpy), comparisons that refuse
-        _scrub(e)
-        return False
+def apply(op, a, b, _bool=bool):
+    """The truth of ``a <op> b`` (0 ``==``, 1 ``!=``, 2 ``in``, 3 ``not in``, 5 ``<``, 6 ``<=``, 7 ``>``, 8 ``>=``),
+    or of ``a`` itself (9): the only place the checker calls into tested code, always from :func:`run`'s one line."""
+    return _bool(a if op == 9 else a == b if op == 0 else a != b if op == 1 else a in b if op == 2 else
+                 a not in b if op == 3 else a < b if op == 5 else a <= b if op == 6 else a > b if op == 7 else a >= b)
 
 
-def order(a, b, op, _BaseException=BaseException, _bool=bool, _scrub=scrub):
-    """``a <op> b`` for the ordering ops (5 ``<``, 6 ``<=``, 7 ``>``, 8 ``>=``) as a bool; False when it raises."""
-    try:
-        return _bool(a < b if op == 5 else a <= b if op == 6 else a > b if op == 7 else a >= b)
-    except _BaseException as e:  # unorderable types: what an honest value says to an object it does not know
-        _scrub(e)
-        return False
-
-
-def lies_inside(value, _equal=equal, _Fresh=Fresh, _type=type, _any=ANY, _containers=CONTAINERS, _dict=dict):
-    """An item of a list/tuple/set/dict (3 levels, 2,000 items at most) that claims to equal a fresh object."""
-    stack, budget = [(value, 0)], 2000
-    while stack and budget > 0:
-        item, level = stack.pop()
-        budget -= 1
-        if item is _any:
-            continue
-        if level and _equal(item, _Fresh()):
-            return True
-        t = _type(item)
-        if level < 3 and t in _containers:
-            stack.extend((x, level + 1) for x in (item if t is not _dict else [*item.keys(), *item.values()]))
-    return False
-
-
-def compare(op, left, right, lax, _equal=equal, _order=order, _twins=twins, _lies_inside=lies_inside, _Fresh=Fresh,
-            _rand=rand, _type=type, _len=len, _range=range, _containers=CONTAINERS, _error=AssertionError,
-            _BaseException=BaseException, _scrub=scrub, _converse=(7, 7, 5, 5)):
-    """``[result, error]``: the real ``left <op> right`` (0 ``==``, 1 ``!=``, 2 ``in``, 3 ``not in``, 5 ``<``,
-    6 ``<=``, 7 ``>``, 8 ``>=``; 4 only probes), computed in random order among the probes of both operands (a fresh
-    object, same-type twins of the other operand; for an ordering, the fresh object and the converse ordering);
-    ``error`` when an operand claims what it cannot, or the comparison raised."""
-    jobs = [(0, 0, None, None)]
-    for side, value, other in ((0, left, right), (1, right, left)):
-        if not (lax >> side) & 1:
-            jobs.append((1 if op < 5 else 2, side, value, _Fresh()))
-            if op < 2 or op == 4:
-                jobs += [(1, side, value, t) for t in _twins(other)]
-    if op >= 5:
-        jobs.append((3, 0, None, None))
+def run(jobs, _apply=apply, _rand=rand, _len=len, _range=range, _BaseException=BaseException, _scrub=scrub):
+    """Do ``jobs`` (``[op, a, b, result, ...]`` lists) in random order, each from the same line, at the same depth: a
+    value cannot tell the real comparison from a probe by where it is called from (``warnings.warn`` with a
+    ``stacklevel`` shows a caller's file and line without touching a frame) or how deep (a ``RecursionError``
+    counts frames). ``result``: True/False, or the exception, scrubbed."""
     for i in _range(_len(jobs) - 1, 0, -1):
         j = _rand(i + 1)
         jobs[i], jobs[j] = jobs[j], jobs[i]
-    result, converse = None, False
-    for kind, side, value, probe in jobs:
-        if kind == 1:
-            if _equal(value, probe):
-                return [False, _error(f"the {('left', 'right')[side]} operand of this comparison "
-                                      f"({_type(value).__qualname__}) claims to equal a value it was never given: its "
-                                      "__eq__/__ne__ lie")]
-            continue
-        if kind == 2:
-            if _order(value, probe, op):
-                return [False, _error(f"the {('left', 'right')[side]} operand of this comparison "
-                                      f"({_type(value).__qualname__}) claims an order with an object it has never "
-                                      "seen: its ordering methods lie")]
-            continue
-        if kind == 3:
-            converse = _order(left, right, _converse[op - 5])
-            continue
+    for job in jobs:
         try:
-            result = left == right if op == 0 else left != right if op == 1 else left in right if op == 2 else \
-                left not in right if op == 3 else None if op == 4 else left < right if op == 5 else \
-                left <= right if op == 6 else left > right if op == 7 else left >= right
+            job[3] = _apply(job[0], job[1], job[2])
         except _BaseException as e:
-            return [False, _scrub(e)]
-    if op >= 5 and converse and result:
+            job[3] = _scrub(e)
+
+
+def probe_items(value, side, jobs, _Fresh=Fresh, _type=type, _any=ANY, _containers=CONTAINERS, _dict=dict,
+                _list=list, _tuple=tuple, _len=len):
+    """Add ``==``/``!=`` probe jobs against a fresh object for the items of a builtin container (3 levels, 2,000 items
+    at most). An item in lists, tuples and dict values is probed wrapped in the same containers as it sits in (the
+    fresh object alike), so it is reached through the same C calls as by the real comparison; set members and dict
+    keys (found by hash, not compared in place) bare."""
+    stack, budget = [(value, ())], 2000
+    while stack and budget > 0:
+        item, path = stack.pop()
+        budget -= 1
+        if item is _any:
+            continue
+        if path:
+            a, b, bare = item, _Fresh(), False
+            for t in path:
+                if t is not _list and t is not _tuple and t is not _dict:
+                    bare = True  # a set member or a dict key (None)
+            for t in () if bare else path:  # innermost first
+                a, b = ([a], [b]) if t is _list else ((a,), (b,)) if t is _tuple else ({0: a}, {0: b})
+            jobs.append([0, a, b, None, 1, side])
+            jobs.append([1, a, b, None, 1, side])
+        t = _type(item)
+        if _len(path) < 3 and t in _containers:
+            if t is _dict:
+                stack.extend((k, (None,) + path) for k in item.keys())
+                stack.extend((v, (_dict,) + path) for v in item.values())
+            else:
+                stack.extend((x, (t,) + path) for x in item)
+    return jobs
+
+
+def claims(jobs, kind):
+    """The first job of ``kind`` whose operand claimed what it cannot, or None. Kinds: 0 the real comparison, 1 an
+    equality probe (equal to a fresh object or a twin), 2 an ordering probe (ordered with a fresh object), 3 the
+    converse ordering (true as well), 5 a containment probe (holds a fresh object), 6 a blank instance (true)."""
+    for job in jobs:
+        if job[4] == kind and (job[3] is True if job[0] != 1 else job[3] is False):
+            return job
+    return None
+
+
+def compare(op, left, right, lax, _run=run, _probe_items=probe_items, _claims=claims, _twins=twins, _Fresh=Fresh,
+            _type=type, _containers=CONTAINERS, _error=AssertionError, _converse=(7, 7, 5, 5)):
+    """``[result, error]``: the truth of the real ``left <op> right`` (0 ``==``, 1 ``!=``, 2 ``in``, 3 ``not in``,
+    5 ``<``, 6 ``<=``, 7 ``>``, 8 ``>=``; 4: the probes only), done among the probes of both operands (a fresh object,
+    same-type twins of the other operand, their items; for an ordering, the fresh object and the converse ordering;
+    for ``in``, a fresh object in the container); ``error`` when an operand claims what it cannot, or the comparison
+    raised."""
+    real = None if op == 4 else [op, left, right, None, 0, 0]
+    jobs = [] if real is None else [real]
+    for side, value, other in ((0, left, right), (1, right, left)):
+        if (lax >> side) & 1:
+            continue
+        if op >= 5:
+            jobs.append([op, value, _Fresh(), None, 2, side])
+        else:
+            for probe in [_Fresh()] + (_twins(other) if op < 2 or op == 4 else []):
+                jobs += [[0, value, probe, None, 1, side], [1, value, probe, None, 1, side]]
+        if _type(value) in _containers:
+            _probe_items(value, side, jobs)
+    if op >= 5:
+        jobs.append([_converse[op - 5], left, right, None, 3, 0])
+    if op == 2 or op == 3:
+        jobs.append([2, _Fresh(), right, None, 5, 1])
+    _run(jobs)
+    lie = _claims(jobs, 1)
+    if lie is not None:
+        return [False, _error(f"{'an item of ' if lie[1] is not (left, right)[lie[5]] else ''}the "
+                              f"{('left', 'right')[lie[5]]} operand of this comparison "
+                              f"({_type((left, right)[lie[5]]).__qualname__}) claims to equal a value it was never "
+                              "given: its __eq__/__ne__ lie")]
+    lie = _claims(jobs, 2)
+    if lie is not None:
+        return [False, _error(f"the {('left', 'right')[lie[5]]} operand of this comparison "
+                              f"({_type(lie[1]).__qualname__}) claims an order with an object it has never seen: its "
+                              "ordering methods lie")]
+    if _claims(jobs, 5) is not None:
+        return [False, _error(f"the container ({_type(right).__qualname__}) claims to hold an object it was never "
+                              "given: its __contains__ lies")]
+    if op == 4:
+        return [None, None]
+    if _type(real[3]) is not bool:
+        return [False, real[3]]
+    if op >= 5 and real[3] and _claims(jobs, 3) is not None:
         return [False, _error(f"the operands of this comparison ({_type(left).__qualname__}, "
                               f"{_type(right).__qualname__}) say both a {('<', '<=', '>', '>=')[op - 5]} b and its "
                               "converse: their ordering methods lie")]
-    for side, value in ((0, left), (1, right)):
-        if not (lax >> side) & 1 and _type(value) in _containers and _lies_inside(value):
-            return [False, _error(f"an item of the {('left', 'right')[side]} operand claims to equal an object it "
-                                  "has never seen: its __eq__/__ne__ lie")]
-    if op in (2, 3):
-        try:
-            contains = _Fresh() in right
-        except _BaseException as e:
-            _scrub(e)
-            contains = False
-        if contains:
-            return [False, _error(f"the container ({_type(right).__qualname__}) claims to hold an object it was "
-                                  "never given: its __contains__ lies")]
-    return [result, None]
+    return [real[3], None]
 
 
-def truth_lies(value, _type=type, _bool=bool, _flags=FLAGS_OF, _mro=MRO_OF, _dict=DICT_OF, _isinstance=isinstance,
+def truth_lies(value, _type=type, _flags=FLAGS_OF, _mro=MRO_OF, _dict=DICT_OF, _isinstance=isinstance,
                _mock=NON_CALLABLE_MOCK, _slot=WRAPPER_DESCRIPTOR, _object=object, _BaseException=BaseException,
                _heap=HEAP_TYPE, _scrub=scrub):
-    """A Python-level ``__bool__``/``__len__`` that also calls a fresh, uninitialised instance of the class true
-    (honest truth reads state a fresh instance lacks: it raises, or finds it empty)."""
+    """A fresh, uninitialised instance of ``value``'s class when its truth comes from a Python-level
+    ``__bool__``/``__len__`` (honest truth reads state such an instance lacks: it raises, or finds it empty); None."""
     t = _type(value)
     if not _flags(t) & _heap or _isinstance(value, _mock):
-        return False
+        return None
     source = None
     for name in ("__bool__", "__len__"):
         for klass in _mro(t):
@@ -189,41 +206,43 @@ def truth_lies(value, _type=type, _bool=bool, _flags=FLAGS_OF, _mro=MRO_OF, _dic
         if source is not None:
             break
     if source is None or _type(source) is _slot:
-        return False
+        return None
     base = _object
     for b in _mro(t):
         if not _flags(b) & _heap:
             base = b
             break
     try:
-        return _bool(base.__new__(t))
+        return base.__new__(t)
     except _BaseException as e:
         _scrub(e)
-        return False
+        return None
 
 
-def check_truth(value, lax, truths, _equal=equal, _Fresh=Fresh, _lies_inside=lies_inside, _truth_lies=truth_lies,
-                _rand=rand, _bool=bool, _type=type, _containers=CONTAINERS, _error=AssertionError,
-                _BaseException=BaseException, _scrub=scrub):
-    """``[bool(value), error]``, the truth taken here in random order with the probes: a fresh object must not equal
-    the value, and a fresh, uninitialised instance of its class must not be true as well."""
-    jobs = [0] + ([] if lax else [1, 2] if truths else [1])
-    if _rand(2):
-        jobs.reverse()
-    result = False
-    for job in jobs:
-        if job == 0:
-            try:
-                result = _bool(value)
-            except _BaseException as e:
-                return [False, _scrub(e)]
-        elif job == 1 and (_equal(value, _Fresh()) or (_type(value) in _containers and _lies_inside(value))):
-            return [False, _error(f"the operand of this assert ({_type(value).__qualname__}) claims to equal an "
-                                  "object it has never seen: its __eq__/__ne__ lie")]
-        elif job == 2 and _truth_lies(value):
-            return [False, _error(f"the operand of this assert ({_type(value).__qualname__}) is true whatever its "
-                                  "state: its __bool__/__len__ lie")]
-    return [result, None]
+def check_truth(value, lax, truths, _run=run, _probe_items=probe_items, _claims=claims, _truth_lies=truth_lies,
+                _Fresh=Fresh, _type=type, _bool=bool, _containers=CONTAINERS, _error=AssertionError):
+    """``[bool(value), error]``, the truth taken among the probes: a fresh object must not equal the value (nor one
+    of its items), and a fresh, uninitialised instance of its class must not be true as well."""
+    real = [9, value, None, None, 0, 0]
+    jobs = [real]
+    if not lax:
+        probe = _Fresh()
+        jobs += [[0, value, probe, None, 1, 0], [1, value, probe, None, 1, 0]]
+        if _type(value) in _containers:
+            _probe_items(value, 0, jobs)
+        blank = _truth_lies(value) if truths else None
+        if blank is not None:
+            jobs.append([9, blank, None, None, 6, 0])
+    _run(jobs)
+    if _claims(jobs, 1) is not None:
+        return [False, _error(f"the operand of this assert ({_type(value).__qualname__}) claims to equal an object it "
+                              "has never seen: its __eq__/__ne__ lie")]
+    if _claims(jobs, 6) is not None:
+        return [False, _error(f"the operand of this assert ({_type(value).__qualname__}) is true whatever its state: "
+                              "its __bool__/__len__ lie")]
+    if _type(real[3]) is not bool:
+        return [False, real[3]]
+    return [real[3], None]
 
 
 def intact(watched, taint_event, _audit=sys.audit, _isinstance=isinstance, _type=type, _dict=DICT_OF, _vars=vars):
@@ -258,7 +277,7 @@ def make_checker(events: tuple, truths: bool, watched: tuple):
             if _len(args) in (3, 5) and _type(args[-1]) is _list:
                 args[-1][:] = [False, _error("the grader's checker failed on this comparison")]
 
-    return checker, (checker, compare, check_truth, intact, equal, order, twins, lies_inside, truth_lies, rand,
+    return checker, (checker, compare, check_truth, intact, run, apply, probe_items, claims, twins, truth_lies, rand,
                      scrub)
 
 

@@ -96,18 +96,21 @@ def bound_names(mod: ast.Module) -> set[str]:
 
 
 def pytest_aliases(mod: ast.Module) -> tuple[set[str], dict[str, str]]:
-    """Names bound *only* by ``import pytest`` / ``from pytest import x`` at the top level of the module."""
-    modules, names, other = set(), {}, set()
+    """Names bound *only* by ``import pytest`` / ``from pytest import x`` at the top level of the module: a name
+    bound anywhere else too (an assignment, a def, an argument, a nested ``from x import raises``) is not frozen."""
+    modules, names, rest = [], [], []
     for stmt in mod.body:
         if isinstance(stmt, ast.Import):
-            for a in stmt.names:
-                (modules.add(a.asname or a.name) if a.name == "pytest" else other.add((a.asname or a.name)))
+            modules += [a.asname or a.name for a in stmt.names if a.name == "pytest"]
+            rest.append(ast.Import([a for a in stmt.names if a.name != "pytest"]))
         elif isinstance(stmt, ast.ImportFrom) and stmt.module == "pytest" and not stmt.level:
-            names.update({a.asname or a.name: a.name for a in stmt.names if a.name != "*"})
-    rebound = {n.id for n in ast.walk(mod) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
-    rebound |= {n.name for n in ast.walk(mod) if isinstance(n, (ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef))}
-    rebound |= {n.arg for n in ast.walk(mod) if isinstance(n, ast.arg)}
-    return modules - rebound - other, {k: v for k, v in names.items() if k not in rebound}
+            names += [(a.asname or a.name, a.name) for a in stmt.names if a.name != "*"]
+        else:
+            rest.append(stmt)
+    aliases = [alias for alias, _ in names] + modules
+    # bound elsewhere, or twice by pytest's imports themselves (which one holds depends on the order of execution)
+    rebound = bound_names(ast.Module(rest, [])) | {a for a in aliases if aliases.count(a) > 1}
+    return set(modules) - rebound, {alias: name for alias, name in names if alias not in rebound}
 
 
 class _Instrument(ast.NodeTransformer):

@@ -65,7 +65,8 @@ CHECKER = load_sibling("checker")
 # What the code under test may not do in the test process: trace or profile code (a tracer can jump over assert
 # lines), walk the garbage collector's object lists (the way to objects nothing else reaches), open another
 # process's memory, or reach raw memory through ctypes.
-BLOCKED_EVENTS = frozenset({"sys.settrace", "sys.setprofile", "sys._current_frames", "sys.monitoring.register_callback", "gc.get_objects",
+# (Other threads' frames, ``sys._current_frames``, are refused even with these off: see make_refuser.)
+BLOCKED_EVENTS = frozenset({"sys.settrace", "sys.setprofile", "sys.monitoring.register_callback", "gc.get_objects",
                             "gc.get_referrers", "gc.get_referents", "ctypes.dlopen", "ctypes.dlsym",
                             "ctypes.dlsym/handle", "ctypes.cdata", "ctypes.cdata/buffer", "ctypes.string_at",
                             "ctypes.wstring_at", "ctypes.addressof"})
@@ -91,23 +92,25 @@ def expected_qualname(nodeid: str, classes: dict, _range=range, _next=next, _len
     return None
 
 
-def make_recorder(secret: dict, files: dict, events: tuple, trusted: frozenset):
-    """The recorder hook. ``files``: ``{relpath: (module code, classes, every code object in it)}``; ``trusted``: the
-    ids of the code objects whose control events count (the plugin's).
+def make_recorder(secret: dict, root: str, files: dict, events: tuple, trusted: frozenset):
+    """The recorder hook. ``files``: ``{relpath under root: (module code, classes, every code object in it)}``;
+    ``trusted``: the ids of the code objects whose control events count (the plugin's).
 
     The key lives only in this closure. The hook never raises and never calls code the tested package could have
     patched (every builtin is bound here; it calls C functions, and :func:`expected_qualname`, which has no globals),
     so no frame of it ever reaches that code: not below it, not in a traceback."""
     import _hashlib
+    import _thread
     import json.encoder
 
     key = bytes.fromhex(secret.pop("key"))
-    run, root = secret["run"], secret["rootdir"].rstrip("/") + "/"
+    run = secret["run"]
     fd = os.open(secret["out"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600)
     digest, encode = _hashlib.hmac_digest, json.encoder.c_encode_basestring_ascii
     if encode is None:
         raise SystemExit("the verdict runner needs the C json encoder")
     write_fd, getframe = os.write, sys._getframe
+    lock = _thread.RLock()  # C, and re-entrant: a signal handler's event in the middle of a write must not hang
     _id, _type, _str, _int, _len, _BaseException = id, type, str, int, len, BaseException
     modules = {_id(code): (rel, code) for rel, (code, _, _) in files.items()}
     tests = {_id(c): (rel, c.co_qualname, c) for rel, (_, _, codes) in files.items() for c in codes}
@@ -117,9 +120,10 @@ def make_recorder(secret: dict, files: dict, events: tuple, trusted: frozenset):
     END, MODULE, CONTROL, TAINT = events
 
     def write(nodeid, when, outcome):
-        body = '["%s", %d, %s, %s, %s]' % (run, seq[0], encode(nodeid), encode(when), encode(outcome))
-        seq[0] += 1
-        write_fd(fd, (body + " " + digest(key, body.encode(), "sha256").hex() + "\n").encode())
+        with lock:  # another thread's event could take the same number (the GIL is free during the write)
+            body = '["%s", %d, %s, %s, %s]' % (run, seq[0], encode(nodeid), encode(when), encode(outcome))
+            seq[0] += 1
+            write_fd(fd, (body + " " + digest(key, body.encode(), "sha256").hex() + "\n").encode())
 
     def strs(args, n):
         if _len(args) != n:
@@ -203,7 +207,7 @@ def make_refuser(events: tuple, protected: frozenset, checker_code: int, refuse:
                 _getframe(0)  # raises (from the nested call above) inside a comparison
             return
         why = None
-        if event in _blocked or event == "sys._current_frames":
+        if event in _blocked or event == "sys._current_frames":  # the latter always: a thread could watch the checker
             why = event
         elif event == "object.__setattr__" and _id(args[0]) in _protected and args[1] in _attrs:
             why = f"setting {args[1]} of a grader function"
@@ -347,7 +351,7 @@ def main() -> int:
     protected = frozenset(id(f) for f in [ins.cmp, ins.truth, note, expected_qualname, checks.caller_lax, *hooks,
                                           *wrappers.values(), *checker_functions])
     events = (ins.END, ins.MODULE, ins.CONTROL, ins.TAINT)
-    recorder = make_recorder(secret, files, events, frozenset(id(f.__code__) for f in [note, *hooks]))
+    recorder = make_recorder(secret, root, files, events, frozenset(id(f.__code__) for f in [note, *hooks]))
     refuser = make_refuser(events, protected, id(checker.__code__), refuse=secret.get("audit", True))
     for hook in (recorder, checker, refuser):
         sys.addaudithook(hook)
