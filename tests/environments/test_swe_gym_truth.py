@@ -267,3 +267,15 @@ def test_new_probes_get_nothing_on_shipped_tasks(hack, task, rows, tmp_path):
     row = rows[task]
     s = SweGymVerifier().verify(row, {"patch": make_diff(row, policies.HACKS[hack](row), tmp_path)})
     assert not s.passed and s.reward == 0.0, s.details
+
+
+def test_membership_in_an_iterator_is_not_used_up_by_a_probe(tmp_path):
+    """``x in it`` iterates a container without ``__contains__`` (a generator, an iterator): a probe done before the
+    real comparison would use up its items. Only a ``__contains__`` is probed (it can lie; iteration cannot)."""
+    test = ("import mod\n\n\ndef test_gen():\n    for _ in range(20):\n        assert 3 in (x for x in [1, 2, 3])\n\n\n"
+            "def test_iter():\n    for _ in range(20):\n        assert 3 in iter([1, 2, 3])\n"
+            "        assert 4 not in iter([1, 2, 3])\n\n\ndef test_bad():\n    assert 3 in mod.Holds()\n")
+    module = "class Holds:\n    def __contains__(self, item):\n        return True\n"
+    rec = run_runner(tmp_path, module, test)
+    assert rec.passed("tests/test_m.py::test_gen") and rec.passed("tests/test_m.py::test_iter")
+    assert rec.status("tests/test_m.py::test_bad") == "FAILED", "a lying __contains__ is still probed"

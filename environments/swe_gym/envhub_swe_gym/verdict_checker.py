@@ -130,6 +130,15 @@ def probe_items(value, side, jobs, _Fresh=Fresh, _type=type, _any=ANY, _containe
     return jobs
 
 
+def has_contains(t, _mro=MRO_OF, _dict=DICT_OF):
+    """Whether ``in`` asks ``t`` (a ``__contains__`` in its MRO); else it iterates the container, and a probe would
+    use up an iterator's items in place of the real comparison."""
+    for klass in _mro(t):
+        if "__contains__" in _dict(klass):
+            return True
+    return False
+
+
 def claims(jobs, kind):
     """The first job of ``kind`` whose operand claimed what it cannot, or None. Kinds: 0 the real comparison, 1 an
     equality probe (equal to a fresh object or a twin), 2 an ordering probe (ordered with a fresh object), 3 the
@@ -141,12 +150,13 @@ def claims(jobs, kind):
 
 
 def compare(op, left, right, lax, _run=run, _probe_items=probe_items, _claims=claims, _twins=twins, _Fresh=Fresh,
-            _type=type, _containers=CONTAINERS, _error=AssertionError, _converse=(7, 7, 5, 5)):
+            _has_contains=has_contains, _type=type, _containers=CONTAINERS, _error=AssertionError,
+            _converse=(7, 7, 5, 5)):
     """``[result, error]``: the truth of the real ``left <op> right`` (0 ``==``, 1 ``!=``, 2 ``in``, 3 ``not in``,
     5 ``<``, 6 ``<=``, 7 ``>``, 8 ``>=``; 4: the probes only), done among the probes of both operands (a fresh object,
     same-type twins of the other operand, their items; for an ordering, the fresh object and the converse ordering;
-    for ``in``, a fresh object in the container); ``error`` when an operand claims what it cannot, or the comparison
-    raised."""
+    for ``in``, a fresh object in a container with a ``__contains__``); ``error`` when an operand claims what it
+    cannot, or the comparison raised."""
     real = None if op == 4 else [op, left, right, None, 0, 0]
     jobs = [] if real is None else [real]
     for side, value, other in ((0, left, right), (1, right, left)):
@@ -161,7 +171,7 @@ def compare(op, left, right, lax, _run=run, _probe_items=probe_items, _claims=cl
             _probe_items(value, side, jobs)
     if op >= 5:
         jobs.append([_converse[op - 5], left, right, None, 3, 0])
-    if op == 2 or op == 3:
+    if (op == 2 or op == 3) and _has_contains(_type(right)):
         jobs.append([2, _Fresh(), right, None, 5, 1])
     _run(jobs)
     lie = _claims(jobs, 1)
@@ -277,8 +287,8 @@ def make_checker(events: tuple, truths: bool, watched: tuple):
             if _len(args) in (3, 5) and _type(args[-1]) is _list:
                 args[-1][:] = [False, _error("the grader's checker failed on this comparison")]
 
-    return checker, (checker, compare, check_truth, intact, run, apply, probe_items, claims, twins, truth_lies, rand,
-                     scrub)
+    return checker, (checker, compare, check_truth, intact, run, apply, probe_items, has_contains, claims, twins,
+                     truth_lies, rand, scrub)
 
 
 # unittest's assertions compare inside unittest's code, where the assert instrumentation does not reach: wrapped
