@@ -48,7 +48,7 @@ class AttachedShell:
                 if sandbox.stopped:
                     raise base.SandboxError(f"sandbox {sandbox.id} was stopped during shell") from None
                 return self._attach_and_run(sandbox, line, timeout, cap, t0)
-            if state == "done":
+            if state == "done" and not sandbox.stopped:
                 return base.ExecResult(code, cap.text(), "", False, cap.cut, monotonic() - t0, None, False)
             return self._finish(sandbox, code, state, cap, t0, False)
         return self._attach_and_run(sandbox, line, timeout, cap, t0)
@@ -84,6 +84,9 @@ class AttachedShell:
     def _finish(self, sandbox: Sandbox, code: int | None, state: str, cap: OutputCap, t0: float, restarted: bool):
         """A round trip's outcome as an ``ExecResult``; a timed-out command is interrupted by the server."""
         ExecResult, ServerError, ServerRestarted = base.ExecResult, base.ServerError, base.ServerRestarted
+        if sandbox.stopped:  # the stop's SIGTERM can end the command while the shell (interactive: it ignores
+            self.close()     # SIGTERM) still prints its status: that is a stop, as the server path reports it
+            raise base.SandboxError(f"sandbox {sandbox.id} was stopped during shell")
         if state == "done":
             return ExecResult(code, cap.text(), "", False, cap.cut, monotonic() - t0, restarted=restarted)
         if state == "eof":  # the command ended the shell (`exit`, `exec`): the server starts a new one on next attach

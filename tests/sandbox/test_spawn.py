@@ -140,3 +140,18 @@ def test_a_deadline_stops_the_pump_and_wait():
         os.killpg(child.pid, 9)
         assert child.wait() == -9
         child.close()
+
+
+def test_a_fork_that_fails_leaves_no_descriptor_open(monkeypatch):
+    """At the sandbox's process limit (a fork bomb running) fork fails with EAGAIN: exec answers with an error, and
+    the server, which goes on serving, must not lose six descriptors each time."""
+    def no_fork():
+        raise BlockingIOError(11, "Resource temporarily unavailable")
+
+    fds = len(os.listdir("/proc/self/fd"))
+    monkeypatch.setattr(spawn.os, "fork", no_fork)
+    for with_stdin in (True, False) * 10:
+        with pytest.raises(BlockingIOError):
+            spawn.start(["true"], os.getcwd(), dict(os.environ), {}, with_stdin=with_stdin)
+    monkeypatch.undo()
+    assert len(os.listdir("/proc/self/fd")) == fds

@@ -77,7 +77,13 @@ def start(argv: list[str], cwd: str, env: dict[str, str], limits: dict, with_std
     # PATH is searched here, not in the child by os.execvpe (which imports warnings there, in every child)
     candidates = [argv[0]] if "/" in argv[0] else \
         [os.path.join(d or ".", argv[0]) for d in env.get("PATH", os.defpath).split(os.pathsep)]
-    pid = os.fork()
+    try:
+        pid = os.fork()
+    except OSError:  # EAGAIN at the sandbox's process limit (a fork bomb running): a result, and no fd left open
+        for fd in (in_r, in_w, out_r, out_w, err_r, err_w, fail_r, fail_w):
+            if fd is not None:
+                os.close(fd)
+        raise
     if pid == 0:  # the child: nothing here may return into the server's code
         try:
             os.setsid()
