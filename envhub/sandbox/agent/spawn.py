@@ -64,7 +64,7 @@ class Child:
                     os.close(fd)
                 except OSError:
                     pass
-        self.stdin = None
+        self.stdin = self.stdout = self.stderr = None  # closed once: a second close could hit a reused number
 
 
 def start(argv: list[str], cwd: str, env: dict[str, str], limits: dict, with_stdin: bool) -> Child:
