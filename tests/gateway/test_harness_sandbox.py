@@ -11,13 +11,18 @@ from helpers import bwrap_why_not
 from envhub.backends.scripted import ScriptedBackend
 from envhub.env import Action
 from envhub.gateway import Gateway
+from envhub.harness import episode as harness_episode
 from envhub.harness.episode import GATEWAY_DIR, HarnessEpisode, HarnessRunner
-from envhub.harness.presets import HARNESS_DIR, PRESETS
+from envhub.harness.presets import PRESETS
 
 
 @pytest.fixture
-def swe_gym():
+def swe_gym(tmp_path, monkeypatch):
     import envhub
+
+    # a fresh clone has no .harness (make harness-tools installs it): the sandbox binds whatever the dir is
+    monkeypatch.setattr("envhub.harness.episode.HARNESS_DIR", tmp_path / "harness")
+    (tmp_path / "harness").mkdir()
 
     why = bwrap_why_not()
     if why:
@@ -52,7 +57,7 @@ def test_a_harness_sandbox_gets_the_runners_cpu_quota_and_the_gateway(swe_gym, t
             assert sb.spec.cpu_quota == quota  # swe-gym's own sandboxes have 1.0
             assert sb.spec.memory_mb is None
             binds = {dest: (host, mode) for host, dest, mode in sb.spec.binds}
-            assert binds[GATEWAY_DIR] == (runner.dir, "ro") and binds[str(HARNESS_DIR)][1] == "ro"
+            assert binds[GATEWAY_DIR] == (runner.dir, "ro") and binds[str(harness_episode.HARNESS_DIR)][1] == "ro"
             assert sb.exec(["test", "-S", f"{GATEWAY_DIR}/gw.sock"]).ok
             if quota is not None and "cpu" in cgroups.available():
                 assert int(cpu_max(sb)) == int(quota * cgroups.CPU_PERIOD_US)
