@@ -18,6 +18,7 @@ from envhub.sandbox.agent.limits import OutputCap
 def run(argv, *, stdin=None, limits=None, cwd=None, env=None, timeout=10.0):
     child = spawn.start(argv, cwd or os.getcwd(), env or dict(os.environ), limits or {}, with_stdin=stdin is not None)
     out, err = OutputCap(1 << 20), OutputCap(1 << 20)
+    timed_out = True  # if pump raises, the command is killed all the same
     try:
         timed_out = spawn.pump(child, stdin, out, err, time.monotonic() + timeout)
     finally:

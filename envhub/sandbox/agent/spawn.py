@@ -58,13 +58,18 @@ class Child:
         return self.returncode
 
     def close(self) -> None:
-        for fd in (self.stdin, self.stdout, self.stderr):
-            if fd is not None:
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
+        close_all(self.stdin, self.stdout, self.stderr)
         self.stdin = self.stdout = self.stderr = None  # closed once: a second close could hit a reused number
+
+
+def close_all(*fds: int | None) -> None:
+    """Close each descriptor that is not None; one already closed is no error."""
+    for fd in fds:
+        if fd is not None:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
 
 
 def start(argv: list[str], cwd: str, env: dict[str, str], limits: dict, with_stdin: bool) -> Child:
@@ -80,9 +85,7 @@ def start(argv: list[str], cwd: str, env: dict[str, str], limits: dict, with_std
     try:
         pid = os.fork()
     except OSError:  # EAGAIN at the sandbox's process limit (a fork bomb running): a result, and no fd left open
-        for fd in (in_r, in_w, out_r, out_w, err_r, err_w, fail_r, fail_w):
-            if fd is not None:
-                os.close(fd)
+        close_all(in_r, in_w, out_r, out_w, err_r, err_w, fail_r, fail_w)
         raise
     if pid == 0:  # the child: nothing here may return into the server's code
         try:
@@ -110,8 +113,7 @@ def start(argv: list[str], cwd: str, env: dict[str, str], limits: dict, with_std
             finally:
                 os._exit(127)
         os._exit(127)
-    for fd in (in_r, out_w, err_w, fail_w):
-        os.close(fd)
+    close_all(in_r, out_w, err_w, fail_w)
     why = b""
     while True:
         chunk = os.read(fail_r, 4096)
@@ -121,9 +123,7 @@ def start(argv: list[str], cwd: str, env: dict[str, str], limits: dict, with_std
     os.close(fail_r)
     if why:
         os.waitpid(pid, 0)
-        for fd in (in_w, out_r, err_r):
-            if fd is not None:
-                os.close(fd)
+        close_all(in_w, out_r, err_r)
         code, filename, message = why.decode("utf-8", "replace").split("\0", 2)
         raise OSError(int(code), message, filename or None)
     return Child(pid, in_w, out_r, err_r)
