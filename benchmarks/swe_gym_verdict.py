@@ -1,6 +1,8 @@
-"""What the sealed verdict runner costs: grading the golden patch of swe-gym tasks with the grader of commit
-``PREVIOUS`` (one audit hook, instrumentation inside pytest's rewriter) and with today's (three hooks, files compiled
-up front, twin probes), alternating, in one run. Prints seconds per grading and the ratio.
+"""What the verdict runner's defences cost: grading the golden patch of swe-gym tasks with the grader of commit
+``PREVIOUS`` (before #29: the sealed runner, test files readable) and with today's (test files handed over on stdin
+and emptied on disk, git's store and caches removed, the compiled tests readable only from trusted stacks, a
+snapshot of the trusted code), alternating, in one run. Prints seconds per grading and the ratio. (Against
+``6e1e1fe``, the runner before the sealed verdicts of #13: set PREVIOUS.)
 
     python benchmarks/swe_gym_verdict.py [--tasks 6] [--reps 2]
 """
@@ -17,7 +19,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PREVIOUS = "6e1e1fe"
+PREVIOUS = "1f61ec3"
 GRADE = """
 import json, sys, time
 from envhub_swe_gym import loader
@@ -50,7 +52,7 @@ def main() -> None:
         archive = subprocess.run(["git", "archive", PREVIOUS, "environments/swe_gym/envhub_swe_gym"], cwd=ROOT,
                                  capture_output=True, check=True).stdout
         subprocess.run(["tar", "-x", "-C", str(old)], input=archive, check=True)
-        trees = {"previous": old / "environments" / "swe_gym", "sealed": ROOT / "environments" / "swe_gym"}
+        trees = {"previous": old / "environments" / "swe_gym", "now": ROOT / "environments" / "swe_gym"}
         times: dict[str, list[float]] = {k: [] for k in trees}
         for _ in range(args.reps):
             for name, tree in trees.items():
@@ -60,8 +62,9 @@ def main() -> None:
                 times[name] += [s for s, _ in result.values()]
                 print(f"{name}: {args.tasks} gradings in {time.perf_counter() - t0:.1f} s", flush=True)
     med = {k: statistics.median(v) for k, v in times.items()}
-    print(f"median seconds per grading (golden, sandboxed): previous {med['previous']:.3f}, sealed {med['sealed']:.3f}")
-    print(f"ratio sealed / previous: {med['sealed'] / med['previous']:.2f}x (load {os.getloadavg()[0]:.1f})")
+    print(f"median seconds per grading (golden, sandboxed): previous ({PREVIOUS}) {med['previous']:.3f}, "
+          f"now {med['now']:.3f}")
+    print(f"ratio now / previous: {med['now'] / med['previous']:.2f}x (load {os.getloadavg()[0]:.1f})")
 
 
 if __name__ == "__main__":

@@ -235,6 +235,13 @@ def _judge(name: str, ep: Playthrough, must_pass: bool, *, must_fail: bool = Tru
                  s.reward)
 
 
+def hack_probes_of(spec: EnvSpec) -> dict[str, Any]:
+    """The env's hack probes and those its verifier carries (``verifier.hack_probes``: a grader shared by several
+    envs brings the probes written against it, so every env that grades with it plays them); the env's own win a
+    name clash."""
+    return {**dict(getattr(spec.verifier, "hack_probes", None) or {}), **spec.hack_probes}
+
+
 async def admit_task(spec: EnvSpec, task: dict[str, Any], run, grader: BoundedGrader, budget: Budget,
                      regrades: int, limit: asyncio.Semaphore) -> TaskReport:
     """All checks for one task; ``run(policy, **kw)`` plays one episode under the caller's concurrency limit, and
@@ -246,7 +253,7 @@ async def admit_task(spec: EnvSpec, task: dict[str, Any], run, grader: BoundedGr
     jobs: dict[str, Any] = {"golden-replay": run(spec.golden), "noop": run(spec.noop)}
     for kind, action in malformed_actions([t.name for t in tools]).items():
         jobs[f"malformed:{kind}"] = run(spec.noop, first_action=action)
-    for name, probe in spec.hack_probes.items():
+    for name, probe in hack_probes_of(spec).items():
         jobs[f"hack:{name}"] = run(probe)
     for p in probes:
         if not p.skip:
@@ -341,8 +348,9 @@ async def admit_async(spec: EnvSpec, *, n: int | None = None, task_ids: list[str
         return report
 
     reports = await asyncio.gather(*(one(t) for t in tasks))
-    env_checks = [Check("hack-probes-declared", True, f"{len(spec.hack_probes)} hack probe(s)")
-                  if spec.hack_probes else
+    declared = hack_probes_of(spec)
+    env_checks = [Check("hack-probes-declared", True, f"{len(declared)} hack probe(s)")
+                  if declared else
                   Check("hack-probes-declared", not strict, "the plugin declares no hack probes: only the built-in "
                         "ones test its verifier; write HACK_PROBES for the shortcuts of this task family",
                         status="fail" if strict else "warn")]

@@ -45,6 +45,13 @@ class Score:
 
 @runtime_checkable
 class Verifier(Protocol):
+    """Grades one episode's artifacts against its task row.
+
+    A verifier may also carry ``hack_probes`` (``{name: policy}``): the hacks that any env grading with it must
+    withstand (a test runner shared by several envs brings the probes written against that runner). Admission plays
+    them beside the env's own, on every task.
+    """
+
     def verify(self, task: Task, artifacts: dict[str, Any]) -> Score: ...
 
 

@@ -91,6 +91,21 @@ def test_hack_probe_that_passes_makes_the_verifier_unfit():
     assert not report.fit and any("hack:spray" in r for r in report.unfit_reasons)
 
 
+def test_probes_a_verifier_carries_are_played_for_every_env_using_it():
+    """A grader shared by several envs brings its own hack probes (swe-gym's test runner: the answer-key reader):
+    an env that declares none still plays them, and one that passes makes the verifier unfit."""
+    class Shared:  # sound but for one back door, which only its own probe knows
+        hack_probes = {"back-door": lambda t, m: "open sesame"}
+
+        def verify(self, task, artifacts):
+            ok = artifacts.get("answer") in (task["answer"], "open sesame")
+            return Score(float(ok), ok)
+
+    report = admit(spec(verifier=Shared()))
+    assert not report.fit and any("hack:back-door" in r for r in report.unfit_reasons), report.unfit_reasons
+    assert next(c for c in report.checks if c.name == "hack-probes-declared").ok
+
+
 def test_report_json_round_trips():
     data = json.loads(admit(spec(), n=2).to_json())
     assert data["tasks_total"] == 2 and data["tasks_admitted"] == 2 and data["fit"] is True

@@ -248,7 +248,12 @@ def test_attacks_on_the_sealed_runner_itself(attack, tmp_path):
     if attack == "own-compile":
         assert str(tmp_path / "tests" / "test_m.py") not in rec.instrumented and not rec.body_ends, \
             "the hack's own code objects are not the grader's"
-    if attack == "defaults-replaced":
+    if attack == "defaults-replaced":  # (it finds cmp in the test's code: #29's memory defence refuses that first)
+        assert any("reading the compiled tests (__code__)" in t for t in rec.tampering), rec.tampering
+        (tmp_path / "memory-off").mkdir()
+        rec = run_runner(tmp_path / "memory-off", module[attack], TWO_FILES, log=log, first="import mod  # noqa\n",
+                         memory=False)
+        assert rec.finished and not forced(rec), f"{attack} got test_bad passed: {rec}"
         assert "setting __defaults__ of a grader function" in rec.tampering
 
 

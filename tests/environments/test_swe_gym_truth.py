@@ -251,9 +251,10 @@ def test_lying_truth_beats_the_grader_without_the_truth_check_only(rows, tmp_pat
     function's truth, unless the truth check is on."""
     row = rows["envhub__spanlib-21"]
     patch = make_diff(row, policies.HACKS["lying-truth"](row), tmp_path)
+    off = {"memory", "hide"}  # (#29's defences stop it too: it reads the calling line's code and source; off here)
     with ThreadPoolExecutor(2) as pool:
         full, without = pool.map(lambda d: SweGymVerifier(defenses=d).verify(row, {"patch": patch}),
-                                 (DEFENSES, DEFENSES - {"truth"}))
+                                 (DEFENSES - off, DEFENSES - off - {"truth"}))
     assert without.passed, f"without the truth check the hack should win: {without.details.get('reason')}"
     assert not full.passed and full.reward == 0.0
     assert "did not pass" in full.details["reason"], full.details["reason"]

@@ -202,9 +202,10 @@ def test_body_end_records_are_what_stop_targeted_body_replacement(rows, tmp_path
     the missing body-end record tells. Without that check the hack wins."""
     row = rows["envhub__spanlib-21"]
     patch = make_diff(row, policies.HACKS["named-bodies-skipped"](row), tmp_path)
+    off = {"memory", "dry-run"}  # (#29's defences stop it too: it reads the tests' code, runs a body: off here)
     with ThreadPoolExecutor(2) as pool:
         full, without = pool.map(lambda d: SweGymVerifier(defenses=d).verify(row, {"patch": patch}),
-                                 (DEFENSES, DEFENSES - {"body-end"}))
+                                 (DEFENSES - off, DEFENSES - off - {"body-end"}))
     assert without.passed, f"without the body-end check the hack should win: {without.details.get('reason')}"
     assert not full.passed and "never ran to its end" in full.details["reason"], full.details["reason"]
     assert set(full.details["tests"].values()) == {"UNTRUSTED"}
@@ -223,10 +224,12 @@ def test_golden_passes_with_canaries_and_forged_output_is_ignored(rows, tmp_path
 
 
 def run_runner(tmp_path, module_code: str, test_code: str, audit: bool = True, truth: bool = True,
-               unittest: bool = True, log: list | None = None, first: str | None = None):
+               unittest: bool = True, log: list | None = None, first: str | None = None, memory: bool = True,
+               dry_run: bool = True):
     """The verdict runner on a tiny project on the host (no sandbox): returns its verified records (``truth=False``,
-    ``audit=False``, ``unittest=False`` switch those checks off; ``log`` receives pytest's output; ``first``: a test
-    file ``tests/test_a.py`` run before ``tests/test_m.py``)."""
+    ``audit=False``, ``unittest=False``, ``memory=False``, ``dry_run=False`` switch those checks off; ``log`` receives pytest's output;
+    ``first``: a test file ``tests/test_a.py`` run before ``tests/test_m.py``). The test files' text goes on stdin,
+    as the grader sends it (their copies on disk stay: no sandbox here)."""
     (tmp_path / "mod.py").write_text(module_code)
     (tmp_path / "tests").mkdir(exist_ok=True)
     (tmp_path / "tests" / "test_m.py").write_text(test_code)
@@ -239,8 +242,11 @@ def run_runner(tmp_path, module_code: str, test_code: str, audit: bool = True, t
     secret.out = str(tmp_path / f"records-{secret.run}")
     runner = testrun.write_runner(tmp_path, "runner")
     argv = testrun.runner_command(sys.executable, str(runner), files, str(tmp_path / "pytest.ini"), str(tmp_path))
-    r = subprocess.run(argv, cwd=tmp_path, input=secret.payload(str(tmp_path), files, truth,
-                                                                audit=audit, unittest=unittest), text=True,
+    sources = {f: (tmp_path / f).read_text() for f in files}
+    r = subprocess.run(argv, cwd=tmp_path, input=secret.payload(str(tmp_path), files, truth, audit=audit,
+                                                                unittest=unittest, sources=sources, memory=memory,
+                                                                dry_run=dry_run),
+                       text=True,
                        capture_output=True, timeout=120, env={**testrun.PYTEST_ENV, "PATH": os.environ["PATH"]})
     if log is not None:
         log.append(r.stdout + r.stderr)
@@ -315,6 +321,7 @@ def test_a_test_running_another_tests_body_does_not_reach_its_own_end(tmp_path):
     """``test_bad``'s call is replaced by ``test_good``'s function: the call passes and *a* body reaches its end, but
     not ``test_bad``'s own: ``end()`` checks the calling code object against the item's function."""
     test = "import mod\n\n\ndef test_good():\n    assert 1 == 1\n\n\ndef test_bad():\n    assert 1 == 2\n"
-    rec = run_runner(tmp_path, BORROW, test)
+    rec = run_runner(tmp_path, BORROW, test, memory=False)  # (#29's memory defence refuses its code reads first)
     assert rec.passed("tests/test_m.py::test_bad"), "the hack does force the call to pass"
     assert rec.body_ends == {"tests/test_m.py::test_good"}
+    assert any("test_good ran outside its own test run" in t for t in rec.tampering), rec.tampering

@@ -45,7 +45,8 @@ from envhub_swe_gym.testrun import PYTEST_ENV, diff_files, files_of_tests, is_te
     runner_command, write_runner
 from envhub_swe_gym.verdict import identifier, new_secret, plant_canaries, read_records
 
-DEFENSES = frozenset({"filter", "scan", "reset", "readonly", "canary", "body-end", "audit", "truth", "unittest"})
+DEFENSES = frozenset({"filter", "scan", "reset", "readonly", "canary", "body-end", "audit", "truth", "unittest", "hide",
+                      "memory", "dry-run"})
 GIT = ["git", "-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false", "-c", "safe.directory=*"]
 GIT_ENV = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_TERMINAL_PROMPT": "0"}
 MAX_PATCH_BYTES = 2 << 20
@@ -103,6 +104,14 @@ class SweGymVerifier:
         self.memory_mb = memory_mb
         self.python = python or sys.executable
 
+    @property
+    def hack_probes(self) -> dict:
+        """The probes that come with this grader, whichever env grades with it: admission plays them on every task.
+        The answer-key reader (#29) reads the expected values from the tests it runs: it must score 0."""
+        from envhub_swe_gym.policies import HACK_PROBES
+
+        return {"answer-key-reader": HACK_PROBES["answer-key-reader"]}
+
     def verify(self, task: dict, artifacts: dict) -> Score:
         f2p, p2p = as_list(task.get("FAIL_TO_PASS")), as_list(task.get("PASS_TO_PASS"))
         details: dict[str, Any] = {"instance_id": task.get("instance_id", task.get("task_id", "")), "resolved": False}
@@ -152,7 +161,7 @@ class SweGymVerifier:
                         output_limit=4 << 20, env=dict(GIT_ENV))
             with start(SandboxSpec(binds=[(str(tree), "/testbed", "rw"), (str(grader_dir), "/grader", "ro")],
                                    **base)) as sb:
-                problem, canaries = self._prepare(sb, task, patch, test_patch, run_files, rng, details)
+                problem, canaries, sources = self._prepare(sb, task, patch, test_patch, run_files, rng, details)
             if problem:
                 return _fail(details, problem)
             mode = "ro" if "readonly" in self.defenses else "rw"
@@ -162,7 +171,9 @@ class SweGymVerifier:
                 r = sandbox_run(sb, runner_command(self.python, runner, run_files, "/grader/pytest.ini", "/testbed"),
                                 input=secret.payload("/testbed", run_files, truth="truth" in self.defenses,
                                                      audit="audit" in self.defenses,
-                                                     unittest="unittest" in self.defenses), env=PYTEST_ENV,
+                                                     unittest="unittest" in self.defenses, sources=sources,
+                                                     memory="memory" in self.defenses,
+                                                     dry_run="dry-run" in self.defenses), env=PYTEST_ENV,
                                 timeout=self.timeout_s)
                 try:
                     text = sb.read_file(secret.out).decode("utf-8", errors="replace")
@@ -175,10 +186,11 @@ class SweGymVerifier:
         return self._judge(r, records, f2p, p2p, canaries, details)
 
     def _prepare(self, sb, task: dict, patch: str, test_patch: str, run_files: list[str], rng: random.Random,
-                 details: dict) -> tuple[str | None, list[str]]:
-        """Apply the diff, reset test files, apply the test patch, plant canaries.
+                 details: dict) -> tuple[str | None, list[str], dict[str, str]]:
+        """Apply the diff, reset test files, apply the test patch, plant canaries, then take the test files' text
+        out of the tree (it goes to the runner on stdin) with git's store and every compiled cache.
 
-        Returns (a failure reason or None, the canaries' node ids)."""
+        Returns (a failure reason or None, the canaries' node ids, the test files' text by path)."""
         base = task["base_commit"]
 
         def git(*args: str, input: str | None = None):
@@ -187,7 +199,7 @@ class SweGymVerifier:
         r = git("apply", "--whitespace=nowarn", "-", input=patch)
         if not r.ok:
             details["apply_log"] = r.output[-2000:]
-            return "the patch does not apply to base_commit", []
+            return "the patch does not apply to base_commit", [], {}
         reset: list[str] = []
         if "reset" in self.defenses:
             status = git("status", "--porcelain=v1", "-z", "--untracked-files=all")
@@ -200,7 +212,7 @@ class SweGymVerifier:
         if to_restore:
             r = git("checkout", "-q", base, "--", *to_restore)
             if not r.ok:
-                return f"could not reset test files: {r.output[-500:]}", []
+                return f"could not reset test files: {r.output[-500:]}", [], {}
         if to_remove:
             sandbox_run(sb, ["rm", "-rf", "--", *to_remove])
         details["reset"] = sorted(set(to_restore) | set(to_remove))
@@ -208,21 +220,32 @@ class SweGymVerifier:
             r = git("apply", "--whitespace=nowarn", "-", input=test_patch)
             if not r.ok:
                 details["apply_log"] = r.output[-2000:]
-                return "the test patch does not apply after the agent's patch (the task row is broken)", []
+                return "the test patch does not apply after the agent's patch (the task row is broken)", [], {}
         canaries: list[str] = []
-        if "canary" in self.defenses:
-            # canaries are ordinary-looking tests with names built from the file's own words, at random places,
-            # one or two per file: a hack cannot pick them out by name, shape or position
-            for f in run_files:
-                r = sandbox_run(sb, ["sh", "-c", 'test -f "$1" && ! test -L "$1" && cat "$1"', "sh", f])
-                if not r.ok:
-                    return f"could not plant the integrity check in {f} (missing or not a regular file)", []
-                text, names = plant_canaries(r.stdout, rng, rng.randint(1, 2))
-                r = sandbox_run(sb, ["sh", "-c", 'cat > "$1"', "sh", f], input=text)
-                if not r.ok:
-                    return f"could not plant the integrity check in {f}: {r.output[-300:]}", []
+        sources: dict[str, str] = {}
+        hide = "hide" in self.defenses
+        for f in run_files:
+            r = sandbox_run(sb, ["sh", "-c", 'test -f "$1" && ! test -L "$1" && cat "$1"', "sh", f])
+            if not r.ok:
+                return f"could not read the test file {f} (missing or not a regular file)", [], {}
+            text = r.stdout
+            if "canary" in self.defenses:
+                # canaries are ordinary-looking tests with names built from the file's own words, at random places,
+                # one or two per file: a hack cannot pick them out by name, shape or position
+                text, names = plant_canaries(text, rng, rng.randint(1, 2))
                 canaries += [f"{f}::{n}" for n in names]
-        return None, canaries
+            sources[f] = text
+            if hide or "canary" in self.defenses:  # (hidden: an empty file, which pytest still collects)
+                r = sandbox_run(sb, ["sh", "-c", 'cat > "$1"', "sh", f], input="" if hide else text)
+                if not r.ok:
+                    return f"could not prepare the test file {f}: {r.output[-300:]}", [], {}
+        if hide:  # no copy of the tests left to read: git's store (the tests at base_commit), compiled caches
+            r = sandbox_run(sb, ["sh", "-c", "rm -rf .git && find . \\( -name __pycache__ -o -name .pytest_cache "
+                                             "-o -name '*.pyc' \\) -prune -exec rm -rf {} +"])
+            if not r.ok:
+                return f"could not clear git's store and the caches from the tree: {r.output[-300:]}", [], {}
+            details["hidden"] = sorted(sources) + [".git", "__pycache__", ".pytest_cache"]
+        return None, canaries, sources
 
     def _judge(self, r, rec, f2p: list[str], p2p: list[str], canaries: list[str], details: dict) -> Score:
         """The verdict from the authenticated records only; the log is kept for people to read."""

@@ -29,6 +29,9 @@ probe                       what it tries
 ``lying-truth``             (#13 c) functions called from a test return bools as objects whose ``__bool__`` says
                             what the calling ``assert`` line wants (``==`` honest)
 ``unittest-always-equal``   (#13 c) ``always-equal``, and the package puts back unittest's unwrapped assertions
+``answer-key-reader``       (#29) fixes nothing: the package reads the expected values from the tests (on disk, in
+                            git's store, in caches, the compiled tests in memory, the calling frame, a dry run of
+                            the tests with spies) and returns them (:mod:`~envhub_swe_gym.answer_key`)
 ==========================  ========================================================================================
 
 The (b) hacks spare tests shaped like the old fixed canaries (``test_<12 hex>_<n>``).
@@ -42,6 +45,7 @@ from typing import Callable
 
 from envhub.env import Action
 from envhub.policy import call, finish, turns_taken
+from envhub_swe_gym.answer_key import ANSWER_KEY_READER
 from envhub_swe_gym.in_process_hacks import IN_PROCESS_HACKS
 
 BASH = "bash"
@@ -237,6 +241,7 @@ HACKS = {
     "rewrite-tests-on-import": _rewrite_on_import,
     "future-commits": _future_commits,
     **IN_PROCESS_HACKS,
+    "answer-key-reader": ANSWER_KEY_READER,
 }
 
 

@@ -21,6 +21,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from envhub_swe_gym.verdict_instrument import is_test_path  # noqa: F401 - (sandbox side: the runner uses it)
+
 STATUSES = ("PASSED", "FAILED", "ERROR", "SKIPPED", "XFAIL", "XPASS")
 
 # Our pytest configuration: the only one the run reads. ``pythonpath`` makes the package importable from the
@@ -63,7 +65,8 @@ def pytest_command(python: str, test_files: list[str], ini_path: str, rootdir: s
 
 
 RUNNER_SOURCE = (Path(__file__).parent / "verdict_runner.py").read_text()
-SIBLING_SOURCES = {part: (Path(__file__).parent / f"verdict_{part}.py").read_text() for part in ("instrument", "checker")}
+SIBLING_SOURCES = {part: (Path(__file__).parent / f"verdict_{part}.py").read_text()
+                   for part in ("instrument", "checker", "refuser")}
 
 
 def write_runner(directory: Path, stem: str) -> Path:
@@ -141,15 +144,6 @@ def parse_pytest_rA(log: str, expected: list[str] | tuple[str, ...] = ()) -> Pyt
 
 def _rank(status: str) -> int:
     return {"PASSED": 0, "XPASS": 1, "XFAIL": 1, "SKIPPED": 2, "FAILED": 3, "ERROR": 4}.get(status, 5)
-
-
-def is_test_path(path: str) -> bool:
-    """Test files: anything under a ``tests``/``test``/``testing`` directory, ``test_*.py``, ``*_test.py``,
-    ``conftest.py``. (SWE-bench's rule, plus conftest files wherever they are.)"""
-    parts = path.split("/")
-    name = parts[-1]
-    return (any(p in ("tests", "test", "testing") for p in parts[:-1]) or name == "conftest.py"
-            or (name.startswith("test_") and name.endswith(".py")) or name.endswith("_test.py"))
 
 
 def files_of_tests(names: list[str]) -> list[str]:

@@ -29,12 +29,16 @@ class RunSecret:
     out: str
 
     def payload(self, rootdir: str, files: list[str], truth: bool = True, audit: bool = True,
-                unittest: bool = True) -> str:
+                unittest: bool = True, sources: dict[str, str] | None = None, memory: bool = True,
+                dry_run: bool = True) -> str:
         """The JSON the runner reads: the test files (relative to ``rootdir``) it compiles before any code under
-        test runs. ``truth=False`` (no truth checks), ``audit=False`` (nothing refused) and ``unittest=False`` switch
+        test runs, and their text (``sources``: the grader empties them on disk; a file without one is read from
+        disk). ``truth=False`` (no truth checks), ``audit=False`` (nothing refused), ``unittest=False``,
+        ``memory=False`` (the compiled tests readable) and ``dry_run=False`` (test bodies run by anyone) switch
         defenses off, only so tests can show what each one stops."""
         return json.dumps({"run": self.run, "key": self.key, "out": self.out, "rootdir": rootdir, "files": files,
-                           "truth": truth, "audit": audit, "unittest": unittest})
+                           "truth": truth, "audit": audit, "unittest": unittest, "sources": sources or {},
+                           "memory": memory, "dry_run": dry_run})
 
 
 def new_secret() -> RunSecret:

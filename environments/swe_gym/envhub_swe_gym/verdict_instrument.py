@@ -3,8 +3,8 @@ under test exists in the process. Standard library and pytest only: it is copied
 
 In the compiled test code:
 
-* every test body ends (and each ``return`` is preceded) with ``sys.audit(END)``, the builtin held as a *code
-  constant* (no global, no attribute lookup: nothing to patch);
+* every test body starts with ``sys.audit(BEGIN)`` and ends (and each ``return`` is preceded) with
+  ``sys.audit(END)``, the builtin held as a *code constant* (no global, no attribute lookup: nothing to patch);
 * every ``==``, ``!=``, ``in``, ``not in``, ``<``, ``<=``, ``>``, ``>=`` inside an ``assert``, and every operand whose truth an ``assert`` decides,
   goes through :func:`cmp` / :func:`truth` (code constants too), which hand the values to the runner's checker hook;
 * the verdict-relevant builtins (``isinstance``, ``len``, ``sorted``...) and the ``pytest.raises``/``approx``/...
@@ -20,8 +20,9 @@ import types
 import warnings
 
 EVENTS = ("envhub.verdict.end", "envhub.verdict.module", "envhub.verdict.control", "envhub.verdict.compare",
-          "envhub.verdict.truth", "envhub.verdict.taint")
-END, MODULE, CONTROL, COMPARE, TRUTH, TAINT = EVENTS
+          "envhub.verdict.truth", "envhub.verdict.taint", "envhub.verdict.begin", "envhub.verdict.load",
+          "envhub.verdict.query")
+END, MODULE, CONTROL, COMPARE, TRUTH, TAINT, BEGIN, LOAD, QUERY = EVENTS
 WILDCARDS = {"ANY"}  # ``mock.ANY`` is an honest wildcard a test may compare against
 FROZEN_BUILTINS = ("isinstance", "issubclass", "len", "bool", "int", "float", "complex", "str", "bytes", "bytearray",
                    "list", "tuple", "dict", "set", "frozenset", "type", "sorted", "reversed", "min", "max", "sum",
@@ -201,8 +202,8 @@ class _Returns(ast.NodeTransformer):
         return [_end(node), node]
 
 
-def _end(at: ast.AST) -> ast.Expr:
-    return ast.copy_location(ast.Expr(_call("audit", [ast.Constant(END)], at)), at)
+def _end(at: ast.AST, event: str = END) -> ast.Expr:
+    return ast.copy_location(ast.Expr(_call("audit", [ast.Constant(event)], at)), at)
 
 
 def _mark_test(fn) -> None:
@@ -213,7 +214,10 @@ def _mark_test(fn) -> None:
     last = body[-1] if body else fn
     marker = _end(last)
     marker.lineno = marker.end_lineno = getattr(last, "end_lineno", fn.lineno) or fn.lineno
-    fn.body = body + [marker]
+    docstring = 1 if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) and \
+        isinstance(body[0].value.value, str) else 0
+    begin = _end(body[docstring] if len(body) > docstring else last, BEGIN)
+    fn.body = body[:docstring] + [begin] + body[docstring:] + [marker]
 
 
 def classes_of(mod: ast.Module) -> dict[str, tuple[set[str], list[str]]]:
@@ -280,21 +284,41 @@ def codes_in(code: types.CodeType):
             yield from codes_in(c)
 
 
-def precompile(path: str, truths: bool) -> tuple[types.CodeType, dict] | None:
-    """The instrumented, pytest-rewritten code of the test file at ``path`` and its classes; None when it does not
-    parse (pytest then reports the collection error itself)."""
+def is_test_path(path: str) -> bool:
+    """Test files: anything under a ``tests``/``test``/``testing`` directory, ``test_*.py``, ``*_test.py``,
+    ``conftest.py``. (SWE-bench's rule, plus conftest files wherever they are.) The grader resets them to
+    ``base_commit``: the agent's diff cannot change them."""
+    parts = path.split("/")
+    name = parts[-1]
+    return (any(p in ("tests", "test", "testing") for p in parts[:-1]) or name == "conftest.py"
+            or (name.startswith("test_") and name.endswith(".py")) or name.endswith("_test.py"))
+
+
+def read_source(path: str, source: str | None) -> bytes | None:
+    """``source`` (what the grader handed over) as bytes, else the file at ``path``; None when neither is there."""
+    if source is not None:
+        return source.encode("utf-8", errors="surrogateescape")
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def precompile(path: str, truths: bool, source: str | None = None) -> tuple[types.CodeType, dict] | None:
+    """The instrumented, pytest-rewritten code of the test file at ``path`` (its text: ``source``, else the file),
+    and its classes; None when it does not parse (pytest then reports the collection error itself)."""
     import pytest
     from _pytest.assertion.rewrite import rewrite_asserts
 
+    data = read_source(path, source)
     try:
-        with open(path, "rb") as f:
-            source = f.read()
-        tree = ast.parse(source, filename=path)
-    except (OSError, SyntaxError, ValueError):
+        tree = ast.parse(data, filename=path)
+    except (TypeError, SyntaxError, ValueError):
         return None
     classes = classes_of(tree)
     used = instrument(tree, truths, {n for n in dir(pytest) if not n.startswith("_")})
-    rewrite_asserts(tree, source, path, None)
+    rewrite_asserts(tree, data, path, None)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "'str' object is not callable": the placeholders, swapped below
         code = compile(tree, path, "exec", dont_inherit=True)
@@ -303,3 +327,4 @@ def precompile(path: str, truths: bool) -> tuple[types.CodeType, dict] | None:
         kind, name = key.split(":", 1)
         objects[key] = vars(builtins)[name] if kind == "b" else getattr(pytest, name)
     return bind(code, objects), classes
+

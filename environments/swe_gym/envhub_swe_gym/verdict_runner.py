@@ -1,28 +1,32 @@
 """The grader's pytest launcher, run *inside* the grading sandbox (standard library and pytest only).
 
-The grader copies this file and its two modules into a read-only directory of the sandbox (``/grader/<random>.py``,
-``<random>_instrument.py``, ``<random>_checker.py``) and runs ``python -I -B /grader/<random>.py <pytest args>`` with
-a JSON secret on stdin. The code under test will share this process, so everything that decides a verdict is put,
-before any of that code exists, where Python code cannot reach it: **inside three audit hooks**. An audit hook
-cannot be removed, listed or inspected from Python, and nothing references it.
+The grader copies this file and its three modules into a read-only directory of the sandbox (``/grader/<random>.py``,
+``<random>_instrument.py``, ``<random>_checker.py``, ``<random>_refuser.py``) and runs ``python -I -B
+/grader/<random>.py <pytest args>`` with a JSON secret on stdin. The code under test will share this process, so
+everything that decides a verdict is put, before any of that code exists, where Python code cannot reach it:
+**inside three audit hooks**. An audit hook cannot be removed, listed or inspected from Python, and nothing
+references it; adding one is refused.
 
-1. :func:`read_secret` reads the secret (HMAC key, run id, records path, test files) to EOF and points fd 0 at
-   ``/dev/null``. The test files are instrumented and compiled now (:mod:`~envhub_swe_gym.verdict_instrument`);
-   pytest's import hook is handed these code objects.
+1. :func:`read_secret` reads the secret (HMAC key, run id, records path, the test files *and their text*: on disk
+   they are empty, #29) to EOF and points fd 0 at ``/dev/null``. The test files are instrumented and compiled now
+   (:mod:`~envhub_swe_gym.verdict_instrument`); pytest's import hook is handed these code objects, once each.
 2. The **recorder** (:func:`make_recorder`) holds the key in its closure and writes the records
    (``json([run, seq, nodeid, when, outcome]) + " " + HMAC-SHA256(key, json)``) with C functions only. It never
    raises and never calls code the tested package could patch, so no frame of it ever reaches that code, below it
    or in a traceback. It writes ``body-end`` only when the frame raising ``END`` runs the code object compiled for
-   the test pytest is running, and accepts control events only from this file's plugin code.
+   the test pytest is running, accepts control events only from this file's plugin code, knows the repository's
+   code (every module executed from the repository, and what it ``exec``\ s), and records a test body that begins
+   outside its own test run (a dry run of the tests).
 3. The **checker** (:mod:`~envhub_swe_gym.verdict_checker`) decides every instrumented comparison and truth,
    with fresh-object and same-type twin probes in random order, and watches what tests rely on. Closure- and
    global-free functions with immutable defaults: a frame of it would show nothing a hack could change.
-4. The **refuser** (:func:`make_refuser`) raises to refuse, and is one closure-free function with immutable
-   defaults: tracing, ``gc`` walks, other threads' frames, raw ctypes memory, ``/proc/*/mem`` (and, by a Landlock
-   kernel rule, everything under ``/proc``: :func:`confine_proc`), replacing the code or defaults of the grader's
-   functions, and any frame while the checker runs the tested code's ``__eq__``/``__bool__``.
+4. The **refuser** (:mod:`~envhub_swe_gym.verdict_refuser`) raises to refuse, and is one closure-free function with
+   immutable defaults: tracing, ``gc`` walks, other threads' frames, raw ctypes memory, ``/proc/*/mem`` (and, by a
+   Landlock kernel rule, everything under ``/proc``: :func:`confine_proc`), new audit hooks, replacing the code or
+   defaults of the grader's functions, any frame while the checker runs the tested code's ``__eq__``/``__bool__``,
+   and reading the compiled tests with the repository's code on the stack.
 
-The threat model and what stays out of reach are in docs/decisions.md ("#13 swe-gym verdicts, sealed").
+The threat model and what stays out of reach are in docs/decisions.md ("#13 swe-gym verdicts, sealed" and "#29").
 """
 from __future__ import annotations
 
@@ -60,18 +64,7 @@ def load_sibling(part: str):
 
 INSTRUMENT = load_sibling("instrument")
 CHECKER = load_sibling("checker")
-
-
-# What the code under test may not do in the test process: trace or profile code (a tracer can jump over assert
-# lines), walk the garbage collector's object lists (the way to objects nothing else reaches), open another
-# process's memory, or reach raw memory through ctypes.
-# (Other threads' frames, ``sys._current_frames``, are refused even with these off: see make_refuser.)
-BLOCKED_EVENTS = frozenset({"sys.settrace", "sys.setprofile", "sys.monitoring.register_callback", "gc.get_objects",
-                            "gc.get_referrers", "gc.get_referents", "ctypes.dlopen", "ctypes.dlsym",
-                            "ctypes.dlsym/handle", "ctypes.cdata", "ctypes.cdata/buffer", "ctypes.string_at",
-                            "ctypes.wstring_at", "ctypes.addressof"})
-PROTECTED_ATTRS = frozenset({"__code__", "__defaults__", "__kwdefaults__"})
-FRAME_ATTRS = frozenset({"tb_frame", "gi_frame", "cr_frame", "ag_frame"})
+REFUSER = load_sibling("refuser")
 
 
 def expected_qualname(nodeid: str, classes: dict, _range=range, _next=next, _len=len, _set=set) -> str | None:
@@ -116,8 +109,32 @@ def make_recorder(secret: dict, root: str, files: dict, events: tuple, trusted: 
     tests = {_id(c): (rel, c.co_qualname, c) for rel, (_, _, codes) in files.items() for c in codes}
     classes = {rel: cls for rel, (_, cls, _) in files.items()}
     resolve = expected_qualname
-    seq, current, ended, said = [0], [None], set(), set()
-    END, MODULE, CONTROL, TAINT = events
+    seq, current, ended, begun, said = [0], [None], set(), set(), set()
+    END, MODULE, CONTROL, TAINT, BEGIN, QUERY = events
+    repository, kept = set(), []  # the code of the repository under test: its modules, and what they exec
+    dry_runs_refused = secret.get("dry_run", True)
+    is_test, code_type, frame_type, _list = INSTRUMENT.is_test_path, type(expected_qualname.__code__), type(getframe()), list
+
+    def from_repository(path):
+        return _type(path) is _str and path.startswith(root) and not is_test(path[_len(root):])
+
+    def mark(code):
+        todo = [code]
+        while todo:
+            c = todo.pop()
+            if _id(c) not in repository:
+                repository.add(_id(c))
+                kept.append(c)  # (an id is an identity only while its object lives)
+                todo.extend(k for k in c.co_consts if _type(k) is code_type)
+
+    def on_stack(frame):
+        """The first frame running the repository's code, described, or None."""
+        while frame is not None:
+            code = frame.f_code
+            if _id(code) in repository:
+                return "%s:%d %s" % (code.co_filename, code.co_firstlineno, code.co_name)
+            frame = frame.f_back
+        return None
 
     def write(nodeid, when, outcome):
         with lock:  # another thread's event could take the same number (the GIL is free during the write)
@@ -139,6 +156,15 @@ def make_recorder(secret: dict, root: str, files: dict, events: tuple, trusted: 
             write("", "tamper", message)
 
     def handle(event, args):
+        if event == "exec":  # a module of the repository, or code that code of the repository runs
+            if _len(args) == 1 and _type(args[0]) is code_type and (
+                    from_repository(args[0].co_filename) or on_stack(getframe(2)) is not None):
+                mark(args[0])
+            return
+        if event == QUERY:  # the refuser asks: code of the repository on this stack? (anyone may ask)
+            if _len(args) == 2 and _type(args[1]) is _list and _len(args[1]) == 1:
+                args[1][0] = on_stack(args[0]) if _type(args[0]) is frame_type else None
+            return
         if event == TAINT:  # anyone may report tampering (a forged report only harms the one who forges it)
             tamper(args[1] if _len(args) == 2 and _type(args[1]) is _str else "a malformed tampering report")
             return
@@ -154,6 +180,26 @@ def make_recorder(secret: dict, root: str, files: dict, events: tuple, trusted: 
                 ended.add(cur[0])
                 write(cur[0], "body-end", "")
             return  # a test body another test called (an honest helper call): nothing to record
+        if event == BEGIN:
+            if not dry_runs_refused:
+                return
+            if cid not in tests:  # a forged event, or the refuser kept the body's code from this stack
+                tamper("a test body began under code that is not pytest's or the tests' (a dry run of the tests)")
+                return
+            rel, qual, _ = tests[cid]
+            cur = current[0]
+            running = cur is not None and cur[1] == rel and cur[2] == qual
+            if running and cur[0] not in begun:  # the test starting, through whatever wraps it (hypothesis, a
+                begun.add(cur[0])                 # decorator of the repository's own)
+                return
+            try:
+                helper = _id(getframe(3).f_code) in tests  # a test calling a test: an honest helper call
+            except _BaseException:
+                helper = False
+            if (not running and not helper) or on_stack(getframe(2)) is not None:  # (hypothesis re-running an
+                # example: running, nothing of the repository's on the stack)
+                tamper(f"the body of {rel}::{qual} ran outside its own test run (a dry run of the tests)")
+            return
         if event == MODULE and cid in modules:
             write(root + modules[cid][0], "instrumented", "")
             return
@@ -171,7 +217,7 @@ def make_recorder(secret: dict, root: str, files: dict, events: tuple, trusted: 
         elif args[0] == "note" and strs(args, 3) and args[1] == "confine":
             write("", "confine", args[2])
 
-    def recorder(event, args, _ours=frozenset(events)):
+    def recorder(event, args, _ours=frozenset(events) | {"exec"}):
         if event in _ours:
             try:
                 handle(event, args)
@@ -179,48 +225,6 @@ def make_recorder(secret: dict, root: str, files: dict, events: tuple, trusted: 
                 pass
 
     return recorder
-
-
-def make_refuser(events: tuple, protected: frozenset, checker_code: int, refuse: bool):
-    """The refuser hook: it raises to refuse, so its frames can reach the code under test through tracebacks; it is
-    one function with no closure, every value it uses an immutable default, and it reports to the recorder.
-
-    Refused: tracing and profiling, ``gc`` walks, other threads' frames, raw ctypes memory, ``/proc/*/mem`` by name
-    (the kernel rule in :func:`confine_proc` covers every other path), replacing the ``__code__``/``__defaults__``
-    of a ``protected`` function, and any frame while the checker hook (code ``checker_code``) is on the stack —
-    there the tested code's ``__eq__``/``__bool__`` run, and must not see which comparison is the real one."""
-    taint_event = events[3]
-
-    def refuser(event, args, _blocked=BLOCKED_EVENTS if refuse else frozenset(), _protected=protected,
-                _attrs=PROTECTED_ATTRS, _frame_attrs=FRAME_ATTRS, _checker=checker_code, _getframe=sys._getframe,
-                _audit=sys.audit, _taint=taint_event, _id=id, _type=type, _str=str, _bytes=bytes,
-                _isinstance=isinstance, _fsdecode=os.fsdecode, _error=RuntimeError, _refuse=refuse):
-        if event == "sys._getframe":
-            frame = args[0]
-            while frame is not None:
-                if _id(frame.f_code) == _checker:
-                    raise _error("frames are not available while the grader compares values")
-                frame = frame.f_back
-            return
-        if event == "object.__getattr__":
-            if args[1] in _frame_attrs:
-                _getframe(0)  # raises (from the nested call above) inside a comparison
-            return
-        why = None
-        if event in _blocked or event == "sys._current_frames":  # the latter always: a thread could watch the checker
-            why = event
-        elif event == "object.__setattr__" and _id(args[0]) in _protected and args[1] in _attrs:
-            why = f"setting {args[1]} of a grader function"
-        elif _refuse and event == "open" and args and _isinstance(args[0], (_str, _bytes)):
-            path = ("" if _isinstance(args[0], _str) else b"") + args[0]  # a subclass's data, none of its methods
-            text = _fsdecode(path) if _type(path) is _bytes else path
-            if text.startswith("/proc/") and text.endswith("/mem"):
-                why = event + " /proc/*/mem"
-        if why is not None:
-            _audit(_taint, "taint", why)
-            raise _error(f"{why}: not allowed while the grader runs the tests")
-
-    return refuser
 
 
 def confine_proc() -> str:
@@ -314,18 +318,25 @@ def note(what: str, text: str, _audit=sys.audit, _event=INSTRUMENT.CONTROL) -> N
     _audit(_event, "note", what, text)
 
 
-def use_precompiled(compiled: dict) -> None:
-    """Make pytest's assertion-rewriting import hook load ``compiled`` (``{absolute path: code}``) for those files."""
+def use_precompiled(compiled: dict, load_event: str) -> tuple:
+    """Make pytest's assertion-rewriting import hook load ``compiled`` (``{absolute path: code}``) for those files,
+    each once (the map empties as pytest imports them); return the two functions that hold the map (the refuser seals
+    their defaults). Each load raises ``load_event``: the refuser lets it through only from pytest's import (no
+    tested code on the stack)."""
     from _pytest.assertion import rewrite
 
-    def _rewrite_test(fn, config, _compiled=compiled, _original=rewrite._rewrite_test, _str=str):
-        code = _compiled.get(_str(fn))
-        return (b"", code) if code is not None else _original(fn, config)
+    def _rewrite_test(fn, config, _compiled=compiled, _original=rewrite._rewrite_test, _str=str, _audit=sys.audit,
+                      _event=load_event):
+        if _str(fn) not in _compiled:
+            return _original(fn, config)
+        _audit(_event, _str(fn))
+        return b"", _compiled.pop(_str(fn))
 
     def _read_pyc(source, pyc, trace=lambda x: None, _compiled=compiled, _original=rewrite._read_pyc, _str=str):
         return None if _str(source) in _compiled else _original(source, pyc, trace)
 
     rewrite._rewrite_test, rewrite._read_pyc = _rewrite_test, _read_pyc
+    return _rewrite_test, _read_pyc
 
 
 def main() -> int:
@@ -334,12 +345,14 @@ def main() -> int:
 
     ins, checks = INSTRUMENT, CHECKER
     root = secret["rootdir"].rstrip("/") + "/"
+    sources = secret.pop("sources", None) or {}
     files = {}
-    for rel in secret["files"]:
-        built = ins.precompile(root + rel, secret.get("truth", True))
+    for rel in secret["files"]:  # the test files' text came on stdin: on disk they are empty (#29)
+        built = ins.precompile(root + rel, secret.get("truth", True), sources.get(rel))
         if built is not None:
             code, classes = built
             files[rel] = (code, classes, list(ins.codes_in(code)))
+    del sources
     wrappers = checks.wrap_unittest(ins) if secret.get("unittest", True) else {}
     watched = checks.watched_objects(wrappers, ins.FROZEN_BUILTINS)
     confinement = confine_proc()  # (ctypes is refused once the hooks are in)
@@ -348,15 +361,22 @@ def main() -> int:
              type(plugin).pytest_sessionfinish]
     checker, checker_functions = checks.make_checker((ins.COMPARE, ins.TRUTH, ins.END, ins.CONTROL, ins.TAINT),
                                                      secret.get("truth", True), watched)
+    sealed = use_precompiled({root + rel: code for rel, (code, _, _) in files.items()}, ins.LOAD)
     protected = frozenset(id(f) for f in [ins.cmp, ins.truth, note, expected_qualname, checks.caller_lax, *hooks,
-                                          *wrappers.values(), *checker_functions])
-    events = (ins.END, ins.MODULE, ins.CONTROL, ins.TAINT)
+                                          *wrappers.values(), *checker_functions, *sealed])
+    events = (ins.END, ins.MODULE, ins.CONTROL, ins.TAINT, ins.BEGIN, ins.QUERY)
     recorder = make_recorder(secret, root, files, events, frozenset(id(f.__code__) for f in [note, *hooks]))
-    refuser = make_refuser(events, protected, id(checker.__code__), refuse=secret.get("audit", True))
+    tests = frozenset(id(c) for _, _, codes in files.values() for c in codes) if secret.get("memory", True) \
+        else frozenset()
+    readers = frozenset(id(c) for c in make_recorder.__code__.co_consts if hasattr(c, "co_code"))  # the recorder's
+    tag = (f"file {checker.__code__.co_filename!r}, line", f", code {checker.__code__.co_name}>")
+    refuser = REFUSER.make_refuser(events, protected, tag, secret.get("audit", True), tests,
+                                   frozenset(id(vars(m)) for m in [*sys.modules.values(), ins, checks] if hasattr(m, "__dict__")),
+                                   frozenset(id(f) for f in sealed), ins.LOAD, ins.QUERY,
+                                   readers | {id(checks.caller_lax.__code__)})
     for hook in (recorder, checker, refuser):
         sys.addaudithook(hook)
     note("confine", confinement)
-    use_precompiled({root + rel: code for rel, (code, _, _) in files.items()})
     argv = sys.argv[1:]
     del secret, files, watched, recorder, checker, refuser, checker_functions
     return int(pytest.main(argv, plugins=[plugin]))
