@@ -53,9 +53,10 @@ def _load_plugins(plugins: tuple[str, ...]) -> list[str]:
 @click.option("--token", default=None, envvar="ENVHUB_SERVICE_TOKEN",
               help="Bearer token required on every endpoint (generated when binding beyond loopback without one).")
 @click.option("--no-autostart", is_flag=True, help="Wait for POST /start before accepting jobs.")
+@click.option("--max-body-mb", type=float, default=None, help="Request body cap (default 16 MB).")
 @click.option("--log-level", default="warning", show_default=True)
 def serve_cmd(host, port, init_workers, run_workers, eval_workers, backends, tokenizer, timeout, sandbox_pool,
-              max_sandboxes, plugins, token, no_autostart, log_level):
+              max_sandboxes, plugins, token, no_autostart, max_body_mb, log_level):
     """Serve rollouts over HTTP (the ProRL Agent API): POST /process, /cancel, /add_llm_server, /status..."""
     import secrets
 
@@ -70,6 +71,8 @@ def serve_cmd(host, port, init_workers, run_workers, eval_workers, backends, tok
             raise click.BadParameter(f"must be >= 1, got {n}", param_hint=name)
     if max_sandboxes is not None and max_sandboxes < 1:
         raise click.BadParameter(f"must be >= 1, got {max_sandboxes}", param_hint="--max-sandboxes")
+    if max_body_mb is not None and max_body_mb <= 0:
+        raise click.BadParameter(f"must be > 0, got {max_body_mb}", param_hint="--max-body-mb")
     extra = _load_plugins(plugins)
     generated = False
     if not is_loopback(host) and not token:
@@ -98,8 +101,9 @@ def serve_cmd(host, port, init_workers, run_workers, eval_workers, backends, tok
         console.print(f"  API schema: {url}/docs   status: envhub status {url}", soft_wrap=True)
         sys.stdout.flush()
 
+    limits = {"max_body_bytes": int(max_body_mb * (1 << 20))} if max_body_mb else {}
     serve(service, host=host, port=port, token=token, autostart=not no_autostart, log_level=log_level,
-          on_ready=ready)
+          on_ready=ready, **limits)
 
 
 @click.command("status")

@@ -40,3 +40,32 @@ def test_serve_prints_where_it_listens_and_requires_a_token_off_loopback():
 def test_serve_rejects_bad_pool_sizes():
     r = run_cli("serve", "--run-workers", "0", "--tokenizer", "tiny", timeout=120)
     assert r.returncode == 2 and "--run-workers" in r.stderr and ">= 1" in r.stderr
+
+
+def test_serve_max_body_mb_is_the_flag_the_413_names():
+    """The 413 reply tells the operator which flag raises the cap; that flag exists and sets it."""
+    import urllib.error
+    import urllib.request
+
+    proc, url, _ = spawn_server("--backend", "golden", "--max-body-mb", "0.01")  # 10,485 bytes
+    try:
+        body = b'{"job_id": "' + b"x" * 20_000 + b'"}'
+        request = urllib.request.Request(url + "/cancel", data=body, headers={"Content-Type": "application/json"})
+        try:
+            urllib.request.urlopen(request, timeout=60)
+            raise AssertionError("a 20 KB body passed a 10 KB cap")
+        except urllib.error.HTTPError as e:
+            assert e.code == 413
+            message = e.read().decode()
+        assert "10485 bytes" in message and "envhub serve --max-body-mb" in message, message
+        small = urllib.request.Request(url + "/cancel", data=b'{"job_id": "none"}',
+                                       headers={"Content-Type": "application/json"})
+        try:
+            urllib.request.urlopen(small, timeout=60)
+        except urllib.error.HTTPError as e:
+            assert e.code != 413, "a small body is under the cap"
+    finally:
+        proc.terminate()
+        proc.wait(60)
+    r = run_cli("serve", "--max-body-mb", "0", "--tokenizer", "tiny", timeout=120)
+    assert r.returncode == 2 and "--max-body-mb" in r.stderr
