@@ -10,7 +10,7 @@ export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup sys-deps demo lint test test-fast test-core test-trainers test-vllm test-ray test-harness harness-tools bench clean
+.PHONY: setup sys-deps demo lint check test test-fast test-core test-trainers test-vllm test-ray test-harness harness-tools bench clean
 
 sys-deps:  ## bubblewrap for the sandboxes (Debian package; we are root on these machines)
 	@command -v bwrap >/dev/null || { export DEBIAN_FRONTEND=noninteractive; \
@@ -36,14 +36,17 @@ lint: setup  ## ruff over the tree, mypy over the core contract (pyproject.toml 
 
 test: setup lint  ## everything CI runs: lint, unit + integration + slow tiers, then the trainer and vLLM tiers
 	$(BIN)/envhub registry verify --rebuild    # every entry matches its source; each shipped wheel is its tree rebuilt
-	$(BIN)/pytest -m "not vllm and not trainers and not ray and not harness" -q
+	$(BIN)/pytest -m "not vllm and not trainers and not ray and not harness" -q --durations=25
 	$(MAKE) test-harness
 	$(MAKE) test-trainers
 	$(MAKE) test-vllm
 	$(MAKE) test-ray
 
-test-fast: setup  ## unit tests only
-	$(BIN)/pytest -m "not slow and not smollm and not vllm and not trainers and not ray and not harness" -q
+check: lint  ## the inner loop: lint, types, unit tests (no slow, model or tier tests)
+	$(BIN)/pytest -m "not slow and not smollm and not vllm and not trainers and not ray and not harness" -q \
+		--durations=10
+
+test-fast: check
 
 test-trainers: setup  ## OpenRLHF + veRL real classes, in their own virtualenv
 	bash scripts/setup-trainers.sh

@@ -456,6 +456,7 @@ def test_golden_rollout_through_the_executor(spec, rows):
 
 @needs_bwrap
 @pytest.mark.slow
+@pytest.mark.timeout(1500)  # 18 tasks x 26 hack probes, graded in fresh sandboxes: ~4.5 min alone on 2 cores
 def test_admission_admits_every_instance(spec):
     from envhub.admission import admit
 
