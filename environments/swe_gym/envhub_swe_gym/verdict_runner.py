@@ -15,8 +15,8 @@ references it; adding one is refused.
    raises and never calls code the tested package could patch, so no frame of it ever reaches that code, below it
    or in a traceback. It writes ``body-end`` only when the frame raising ``END`` runs the code object compiled for
    the test pytest is running, accepts control events only from this file's plugin code, knows the repository's
-   code (every module executed from the repository, and what it ``exec``\ s), and records a test body that begins
-   outside its own test run (a dry run of the tests).
+   code (every module executed from the repository, and what that code executes), and records a test body that
+   begins outside its own test run (a dry run of the tests).
 3. The **checker** (:mod:`~envhub_swe_gym.verdict_checker`) decides every instrumented comparison and truth,
    with fresh-object and same-type twin probes in random order, and watches what tests rely on. Closure- and
    global-free functions with immutable defaults: a frame of it would show nothing a hack could change.
