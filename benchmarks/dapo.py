@@ -5,7 +5,7 @@ equal is dropped, as DAPO does) from one ``envhub serve`` process over HTTP:
 
 * ``batch by batch`` (verl's DAPO recipe): submit ``--batch`` prompts x group size, wait for every rollout of the
   batch, keep the informative groups, repeat until there are enough (extra informative groups are discarded);
-* ``async collector`` (:class:`~envhub.service.dapo.DAPOCollector`): the same number of rollouts in flight at most,
+* ``async collector`` (:class:`~envhub.training.dapo.DAPOCollector`): the same number of rollouts in flight at most,
   refilled as each one lands, groups checked as they complete, the rest cancelled once the target is reached.
 
 The env (``bench-dapo``): prompts of mixed difficulty. The player solves prompt ``i`` with probability ``p_i``
@@ -85,7 +85,7 @@ def prompts(offset: int = 0):
 
 def informative(trajs) -> bool:
     """The collector's rule (``Group.informative``, i.e. ``dapo_keep``), so both ways keep the same groups."""
-    from envhub.service.dapo import Group
+    from envhub.training.dapo import Group
 
     return Group("", {}, list(trajs)).informative
 
@@ -103,7 +103,7 @@ async def batch_by_batch(client, n_groups: int, g: int, batch: int, start: int) 
 
 
 async def with_collector(client, n_groups: int, g: int, batch: int, start: int) -> tuple[float, int]:
-    from envhub.service.dapo import DAPOCollector
+    from envhub.training.dapo import DAPOCollector
 
     t0 = time.perf_counter()
     dapo = DAPOCollector(client, prompts(start), group_size=g, max_inflight=batch * g)
@@ -128,7 +128,7 @@ def spawn(run_workers: int) -> tuple[subprocess.Popen, str]:
 
 
 async def run(args) -> None:
-    from envhub.service.client import RolloutClient
+    from envhub.training.client import RolloutClient
 
     proc, url = spawn(args.run_workers)
     try:

@@ -142,7 +142,7 @@ async def http_overhead(tok, n: int) -> tuple[float, float]:
     import envhub
     from envhub.backends.scripted import ScriptedBackend
     from envhub.rollout.executor import rollout
-    from envhub.service.client import RolloutClient
+    from envhub.training.client import RolloutClient
 
     cd = envhub.get_spec("countdown")
     rows = [dict(r) for r in cd.load_tasks()]

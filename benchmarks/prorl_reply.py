@@ -6,7 +6,7 @@ This builds synthetic trajectories (``--turns`` model calls of ``--gen`` tokens,
 a ``--prompt``-token prompt), and times ``encode_result`` of:
 
 * ``baseline``: envhub's flat reply (the Trajectory fields, no per-message tokens), the reply before #15;
-* ``ours``: the same plus :func:`envhub.service.prorl.prorl_fields` (what ``/process`` sends now), encoded by
+* ``ours``: the same plus :func:`envhub.rollout.prorl.prorl_fields` (what ``/process`` sends now), encoded by
   ``encode_result`` (each ``input_ids`` sliced from one encoding of the context);
 * ``ours, plain``: the same reply through a plain ``json.dumps`` (every ``input_ids`` encoded again).
 
@@ -56,7 +56,7 @@ def timed(fn, repeat: int) -> tuple[float, int]:
 
 def main() -> None:
     from envhub.service.jobs import _dumps, encode_result
-    from envhub.service.prorl import prorl_fields
+    from envhub.rollout.prorl import prorl_fields
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=7)

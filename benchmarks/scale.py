@@ -4,7 +4,7 @@ Two ways, same jobs (countdown, a text env: the golden player through the real S
 
 * ``in-process``: every job handed to :class:`~envhub.service.service.RolloutService` at once, no HTTP: the
   pipeline's own ceiling on this machine;
-* ``over HTTP``: ``envhub serve`` in a subprocess and :class:`~envhub.service.client.RolloutClient` sending all N
+* ``over HTTP``: ``envhub serve`` in a subprocess and :class:`~envhub.training.client.RolloutClient` sending all N
   ``/process`` calls at once (one connection per in-flight call, as ProRL's API works).
 
 It checks every job is answered exactly once (its own job id and trajectory id, and the server's counters) and
@@ -78,7 +78,7 @@ async def in_process(n: int, tokenizer) -> dict:
 
 
 async def over_http(n: int, conns: int) -> dict:
-    from envhub.service.client import RolloutClient
+    from envhub.training.client import RolloutClient
 
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     cmd = [sys.executable, "-c", "import sys; from envhub.cli import main; sys.argv[0] = 'envhub'; main()",
@@ -145,7 +145,7 @@ def main() -> None:
     soft, hard = raise_nofile_limit()
     # every in-flight /process holds one connection, i.e. one descriptor in the client and one in the server: past
     # the open-files limit the client queues the rest itself (all N are still submitted at once)
-    from envhub.service.limits import default_max_connections
+    from envhub.http.limits import default_max_connections
 
     conns = min(args.jobs + 64, default_max_connections() - 64)  # under the server's own cap (same limit there)
     if conns < args.jobs:

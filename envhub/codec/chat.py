@@ -41,6 +41,7 @@ from envhub.codec.toolcall import ToolCallParser, auto_parser_name, get_parser, 
 _PROBE = "\x00envhub-probe\x00"
 
 
+MAX_SHARED = 256  # codecs kept per tokenizer (the oldest goes first)
 _SHARED: "weakref.WeakKeyDictionary[Any, dict[tuple, ChatCodec]]" = weakref.WeakKeyDictionary()
 
 
@@ -101,6 +102,8 @@ class ChatCodec:
         key = (json.dumps(tool_dicts(tools), sort_keys=True), parser if isinstance(parser, str) else id(parser))
         codec = per_tok.get(key)
         if codec is None:
+            if len(per_tok) >= MAX_SHARED:  # a client varying its tools on every call must not grow memory
+                per_tok.pop(next(iter(per_tok), None), None)
             codec = per_tok[key] = cls(tokenizer, tools=tools, parser=parser)
         return codec
 

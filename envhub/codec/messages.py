@@ -48,3 +48,11 @@ def tool_dicts(tools: Any) -> list[dict[str, Any]] | None:
     if not tools:
         return None
     return [t.to_openai() if isinstance(t, ToolSpec) else dict(t) for t in tools]
+
+
+def with_system_note(messages: list[Message], note: str) -> list[Message]:
+    """``messages`` with ``note`` appended to the system message (one is added first when there is none)."""
+    if messages and messages[0].get("role") == "system":
+        first = dict(messages[0], content=f"{messages[0].get('content') or ''}\n\n{note}")
+        return [first, *messages[1:]]
+    return [{"role": "system", "content": note}, *messages]

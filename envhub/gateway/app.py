@@ -12,7 +12,7 @@ cannot set a key, by a ``/s/<session key>`` path prefix before any of them):
 ``GET /v1/models``                    the served model name
 ====================================  ==============================================================================
 
-AReaL's control routes, same paths, bodies and replies (``../shared/research`` §1.2), so an AReaL-style client
+AReaL's control routes, same paths, bodies and replies (AReaL's ``areal/experimental/openai/proxy``), so an AReaL-style client
 works unchanged; admin routes need the admin key (``--token``) when one is set:
 
 ====================================  ==============================================================================
@@ -49,7 +49,7 @@ from envhub.gateway.builders import build, summary
 from envhub.gateway.core import Gateway, UpstreamError
 from envhub.gateway.dialects import anthropic, chat, responses
 from envhub.gateway.messages import BadRequest
-from envhub.service.limits import DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, RequestGuard
+from envhub.http.limits import DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, BodyRefused, RequestGuard, read_body
 
 log = logging.getLogger(__name__)
 MODEL_ROUTES = {"/v1/chat/completions": chat, "/chat/completions": chat, "/v1/responses": responses,
@@ -125,27 +125,13 @@ class GatewayApp:
 
     # ---- plumbing ---------------------------------------------------------------------------------------------
     async def _body(self, headers: dict, receive: Any) -> dict[str, Any]:
-        ctype = headers.get(b"content-type", b"application/json").split(b";")[0].strip().lower()
-        if ctype != b"application/json":
-            raise HTTPError(415, f"the body must be JSON (Content-Type: application/json), got {ctype.decode()!r}")
-        length = headers.get(b"content-length")
-        if length is not None and length.isdigit() and int(length) > self.max_body:
-            raise HTTPError(413, f"request body of {int(length)} bytes is over this gateway's limit of "
-                                 f"{self.max_body} bytes (envhub gateway --max-body-mb)")
-        chunks, size, more = [], 0, True
-        while more:
-            try:
-                msg = await asyncio.wait_for(receive(), self.body_timeout)
-            except asyncio.TimeoutError:
-                raise HTTPError(408, f"the request body was not complete within {self.body_timeout:g} s") from None
-            if msg["type"] == "http.disconnect":
-                raise asyncio.CancelledError
-            chunks.append(msg.get("body", b""))
-            size += len(chunks[-1])
-            if size > self.max_body:
-                raise HTTPError(413, f"request body is over this gateway's limit of {self.max_body} bytes")
-            more = msg.get("more_body", False)
-        raw = b"".join(chunks)
+        try:
+            raw = await read_body(headers, receive, max_body=self.max_body, body_timeout=self.body_timeout,
+                                  flag="envhub gateway --max-body-mb", assume_json=True)
+        except BodyRefused as e:
+            raise HTTPError(e.status, str(e)) from None
+        if raw is None:  # the client went away while sending
+            raise asyncio.CancelledError
         try:
             body = json.loads(raw) if raw else {}
         except (json.JSONDecodeError, UnicodeDecodeError) as e:

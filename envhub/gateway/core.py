@@ -88,7 +88,6 @@ class Gateway:
         self.sessions: dict[str, Session] = {}
         self.keys: dict[str, str] = {}
         self.stats = {"calls": 0, "spliced": 0, "new_chains": 0, "errors": 0, "drift_checks": 0, "drift": 0}
-        self._codecs: dict[str, Any] = {}
 
     # ---- sessions ---------------------------------------------------------------------------------------------
     def start_session(self, task_id: str = "", *, task: Any = None, api_key: str | None = None,
@@ -150,15 +149,10 @@ class Gateway:
 
     # ---- calls ------------------------------------------------------------------------------------------------
     def codec_for(self, tools: list[dict[str, Any]] | None, k: str | None = None) -> Any:
+        """The codec for this tool set: the one shared per tokenizer (bounded, :meth:`ChatCodec.shared`)."""
         from envhub.codec.chat import ChatCodec
 
-        k = tools_key(tools) if k is None else k
-        codec = self._codecs.get(k)
-        if codec is None:
-            if len(self._codecs) >= MAX_CODECS:  # a client varying its tools on every call must not grow memory
-                self._codecs.pop(next(iter(self._codecs)))
-            codec = self._codecs[k] = ChatCodec(self.tokenizer, tools=tools or None, parser=self.parser)
-        return codec
+        return ChatCodec.shared(self.tokenizer, tools=tools or None, parser=self.parser)
 
     def count_tokens(self, req: ChatRequest) -> int:
         codec = self.codec_for(req.tools)
@@ -249,7 +243,7 @@ class Gateway:
         note = codec.tool_prompt()
         if not note:
             return messages
-        from envhub.rollout.executor import with_system_note
+        from envhub.codec.messages import with_system_note
 
         return with_system_note(messages, note)
 
@@ -270,7 +264,6 @@ class Gateway:
             return await backend.generate(call.prompt_ids, params, session_id=session.session_id)
 
 
-MAX_CODECS = 64  # tool sets kept compiled (a codec holds its learned frames; most harnesses send one tool set)
 _ID_PREFIX = {"chat": "chatcmpl-", "responses": "resp_", "anthropic": "msg_"}
 
 

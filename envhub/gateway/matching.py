@@ -3,8 +3,8 @@
 A harness sends its whole conversation on every call. When the conversation is an earlier call's messages, then
 the assistant message the gateway issued for that call, then new messages (tool results, a user turn), the new
 call *extends* that one: its prompt is the parent's prompt ids + the ids the model sampled + the rendering of the
-new messages only (:mod:`envhub.gateway.core`). Harnesses do not echo byte for byte (``../shared/research``
-§3-4): they re-serialise tool arguments (compact JSON), drop or null an assistant's ``content``, add fields
+new messages only (:mod:`envhub.gateway.core`). Harnesses do not echo byte for byte (docs/gateway.md,
+what each harness sends): they re-serialise tool arguments (compact JSON), drop or null an assistant's ``content``, add fields
 (``provider_specific_fields``, ``thoughtSignature``), move ``cache_control`` between blocks, add a mid-list
 ``system`` message, send content as a list of parts. So:
 

@@ -1,13 +1,13 @@
 """Serving the gateway: :func:`serve` (what ``envhub gateway`` runs) and :class:`GatewayThread` (in-process, real
 HTTP on loopback: tests, notebooks, the harness envs). Same server as the rollout service: uvicorn with the h11
-protocol under a connection cap and a request-head deadline (:mod:`envhub.service.limits`); loopback by default,
+protocol under a connection cap and a request-head deadline (:mod:`envhub.http.limits`); loopback by default,
 a token required on any other address."""
 from __future__ import annotations
 
 from typing import Any
 
 from envhub.gateway.core import Gateway
-from envhub.service.server import ServerThread, bind, check_binding, raise_fd_limit, serve_until_stopped
+from envhub.http.server import ServerThread, bind, check_binding, raise_fd_limit, serve_until_stopped
 
 
 def make_server(gateway: Gateway, *, host: str = "127.0.0.1", port: int = 0, token: str | None = None,
@@ -17,7 +17,7 @@ def make_server(gateway: Gateway, *, host: str = "127.0.0.1", port: int = 0, tok
     import uvicorn
 
     from envhub.gateway.app import GatewayApp
-    from envhub.service import limits
+    from envhub.http import limits
 
     check_binding(host, token)
     app = GatewayApp(gateway, admin_key=token, model_name=model_name,

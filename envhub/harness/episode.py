@@ -74,7 +74,7 @@ class HarnessRunner:
         import asyncio
 
         from envhub.gateway.server import make_server
-        from envhub.service.server import bind_unix
+        from envhub.http.server import bind_unix
 
         runner = cls(gateway, thread=False, **kw)
         runner.server = make_server(gateway, model_only=True)

@@ -3,8 +3,8 @@
 A preset says where the pinned install lives (``make harness-tools`` puts npm CLIs under ``.harness/npm`` and
 Python agents in ``.harness/venv``), which provider API the harness speaks, the files and environment that point it
 at the gateway with telemetry, updates and onboarding off, its command line, and -- for the scripted golden and
-no-op players -- the tool it runs shell commands with and how it ends. Settings follow the offline probes in
-``../shared/research/blackbox_gateway.md`` §3 and Polar's presets.
+no-op players -- the tool it runs shell commands with and how it ends. Settings follow offline probes of each pinned CLI
+(docs/gateway.md) and Polar's presets.
 
 ===================  ==========================  =====================  =========================================
 preset               pinned                      API                    shell tool / ending

@@ -23,6 +23,7 @@ from dataclasses import replace
 from typing import Any
 
 from envhub.backends.base import LLMBackend
+from envhub.codec.messages import with_system_note
 from envhub.env import Message, Task, TextEnv
 from envhub.failurelog import log_failure
 from envhub.rollout.request import RolloutConfig, RolloutRequest, TaskIndex
@@ -55,7 +56,7 @@ class Episode:
         self.codec = codec
         self.messages: list[Message] = []
         # one (index in messages, start, end) per model call: where its message sits and which response_ids it
-        # sampled (the ProRL reply's per-message token fields are cut along these, envhub.service.prorl)
+        # sampled (the ProRL reply's per-message token fields are cut along these, envhub.rollout.prorl)
         self.turns: list[tuple[int, int, int]] = []
         self.artifacts: dict[str, Any] | None = None
         self.score: Score | None = None  # the verifier's, after EVAL (``score.crashed``: the grader gave no verdict)
@@ -233,14 +234,6 @@ class Episode:
         """The trajectory so far (complete after ``evaluate``). Always well formed."""
         self.traj.messages = list(self.messages)
         return self.traj
-
-
-def with_system_note(messages: list[Message], note: str) -> list[Message]:
-    """``messages`` with ``note`` appended to the system message (one is added first when there is none)."""
-    if messages and messages[0].get("role") == "system":
-        first = dict(messages[0], content=f"{messages[0].get('content') or ''}\n\n{note}")
-        return [first, *messages[1:]]
-    return [{"role": "system", "content": note}, *messages]
 
 
 class _Stage:

@@ -79,7 +79,7 @@ class Trajectory:
         names = {f.name for f in fields(cls)}
         traj = cls(**{k: v for k, v in d.items() if k in names})
         if "trailing_messages" in d:  # a rollout service reply (ProRL's trimmed, token-carrying messages)
-            from envhub.service.prorl import text_log
+            from envhub.rollout.prorl import text_log
 
             traj.messages = text_log(d.get("messages") or [], d["trailing_messages"])
         return traj

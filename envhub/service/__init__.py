@@ -1,4 +1,5 @@
-"""Rollout-as-a-service: the ProRL Agent HTTP API over envhub envs, and an async client for trainers.
+"""Rollout-as-a-service: the ProRL Agent HTTP API over envhub envs (the trainer's side, the client and the DAPO
+collector, is :mod:`envhub.training`).
 
 Server side (``envhub serve``)::
 
@@ -7,29 +8,28 @@ Server side (``envhub serve``)::
     with ServerThread(service, port=8006) as srv:      # or envhub.service.server.serve(service, port=8006)
         ...
 
-Trainer side::
+Trainer side (:mod:`envhub.training.client`)::
 
-    from envhub.service.client import RolloutClient
+    from envhub.training.client import RolloutClient
     async with RolloutClient(["http://rollout-1:8006", "http://rollout-2:8006"]) as client:
         traj = await client.process({"env_id": "countdown", "task_id": "countdown-0003"}, {"temperature": 1.0})
 
 Modules: ``schemas`` (request/reply shapes), ``jobs`` (job, phase timer, replies), ``pipeline`` (INIT/RUN/EVAL pools),
 ``sandboxes`` (prewarmed pools, per-job sandbox factory), ``golden`` (golden players as a backend), ``service``
-(admission, idempotent job ids, backends, status), ``app`` (FastAPI routes), ``server`` (uvicorn), ``client``
-(retries, several servers), ``dapo`` (the async DAPO collector). Nothing here is imported by ``import envhub``.
+(admission, idempotent job ids, backends, status), ``app`` (FastAPI routes), ``server`` (uvicorn),
+``ray_replicas`` (replicas as Ray actors). Nothing here is imported by ``import envhub``; nothing here imports
+:mod:`envhub.training`.
 """
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["DAPOCollector", "RolloutClient", "RolloutService", "ServerThread", "create_app"]
+__all__ = ["RolloutService", "ServerThread", "create_app"]
 
 _LAZY = {
     "RolloutService": "envhub.service.service",
     "ServerThread": "envhub.service.server",
     "create_app": "envhub.service.app",
-    "RolloutClient": "envhub.service.client",
-    "DAPOCollector": "envhub.service.dapo",
 }
 
 

@@ -21,7 +21,7 @@ token ids, and FastAPI's generic encoder would walk each of them.
 Bound to a non-loopback address, every endpoint (the schema included) requires ``Authorization: Bearer <token>``
 (and so does every endpoint on loopback when a token is given). Limits on what a client may send -- body size (413),
 time to send it (408), JSON content type (415), cross-site origins (403), open connections, time to send the request
-head -- are in :mod:`envhub.service.limits`.
+head -- are in :mod:`envhub.http.limits`.
 """
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
 import envhub
-from envhub.service.limits import DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, RequestGuard
+from envhub.http.limits import DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, RequestGuard
 from envhub.service.schemas import (CancelRequest, LLMServerRequest, ProcessRequest, ProcessResponse, ServiceError,
                                     StartRequest)
 

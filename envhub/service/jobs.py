@@ -12,7 +12,7 @@ ProRL's ``timing`` shape (``init_time``, ``run_time``, ``eval_time``, ``others_t
 
 :func:`result_dict` turns a finished job into the ``/process`` reply: the :class:`~envhub.rollout.trajectory.Trajectory`
 fields plus the ProRL Agent fields its clients read (``instance_id``, ``trajectory_id``, ``resolved``,
-``critical_error``, ``timing``, ``filter``, ``tools``, and from :mod:`envhub.service.prorl` the per-message
+``critical_error``, ``timing``, ``filter``, ``tools``, and from :mod:`envhub.rollout.prorl` the per-message
 ``token_ids``/``input_ids``/``logprobs``, ``score``, ``end_properly``, ``finish``, ``success``).
 """
 from __future__ import annotations
@@ -26,7 +26,7 @@ from enum import Enum
 from typing import Any
 
 from envhub.service.errors import scrub
-from envhub.service.prorl import encode_with_shared_contexts, prorl_fields
+from envhub.rollout.prorl import encode_with_shared_contexts, prorl_fields
 
 STAGES = ("init", "run", "eval")
 
@@ -159,7 +159,7 @@ def result_dict(job: Job) -> dict[str, Any]:
         timing=timing,
         tools=list(getattr(codec, "tools", None) or []),
     )
-    # ProRL's per-message tokens and outcome flags (envhub.service.prorl); ``messages`` becomes ProRL's shape
+    # ProRL's per-message tokens and outcome flags (envhub.rollout.prorl); ``messages`` becomes ProRL's shape
     out.update(prorl_fields(traj, getattr(ep, "turns", [])))
     return out
 

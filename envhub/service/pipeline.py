@@ -27,7 +27,6 @@ Guarantees, whatever happens:
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
@@ -69,7 +68,6 @@ class Pipeline:
         self._active: dict[str, set[Job]] = {s: set() for s in STAGES}  # inside the stage now
         self._workers: list[asyncio.Task] = []
         self._background: set[asyncio.Task] = set()
-        self._codecs: dict[str, Any] = {}
         self._executor: ThreadPoolExecutor | None = None
 
     # ---- lifecycle ----------------------------------------------------------------------------------------------
@@ -232,18 +230,11 @@ class Pipeline:
         return env
 
     def _codec_for(self, env: Any, parser: str) -> Any:
-        """One ChatCodec per distinct tool set (codecs are stateless; building one costs a template compile)."""
-        tools = [t.to_openai() for t in getattr(env, "tools", [])] or None
-        key = json.dumps([tools, parser], sort_keys=True, default=str)
-        codec = self._codecs.get(key)
-        if codec is None:
-            from envhub.codec.chat import ChatCodec
+        """The codec for the env's tool set: the one shared per tokenizer (:meth:`ChatCodec.shared`)."""
+        from envhub.codec.chat import ChatCodec
 
-            codec = ChatCodec(self.tokenizer, tools=tools, parser=parser)
-            if len(self._codecs) > 256:
-                self._codecs.clear()
-            self._codecs[key] = codec
-        return codec
+        return ChatCodec.shared(self.tokenizer, tools=[t.to_openai() for t in getattr(env, "tools", [])] or None,
+                                parser=parser)
 
     async def _finish(self, job: Job) -> None:
         """Release everything the job holds, then answer it (exactly once)."""

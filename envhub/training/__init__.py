@@ -7,6 +7,8 @@
   Python, no torch needed).
 - :func:`token_logprobs`, :func:`policy_gradient_loss`, :func:`aggregate_loss`: a masked policy-gradient surrogate
   (``envhub.training.loss``).
+- :class:`RolloutClient` (``envhub.training.client``): the rollout service's client, with retries over several
+  servers; :class:`DAPOCollector` (``envhub.training.dapo``): DAPO's dynamic sampling over it, asynchronously.
 
 ``import envhub`` never imports this package; importing it imports torch (only the tensor parts need it, and they
 are loaded on first use so ``from envhub.training import grpo_advantages`` works without torch).
@@ -16,7 +18,7 @@ from envhub.training.advantages import (
 )
 
 __all__ = [
-    "aggregate_loss", "dapo_filter", "dapo_keep", "dr_grpo_advantages", "group_indices", "group_keys",
+    "DAPOCollector", "RolloutClient", "aggregate_loss", "dapo_filter", "dapo_keep", "dr_grpo_advantages", "group_indices", "group_keys",
     "grpo_advantages", "policy_gradient_loss", "rloo_advantages", "to_tensors", "token_logprobs",
 ]
 
@@ -24,11 +26,12 @@ _LAZY = {
     "to_tensors": "envhub.training.tensors", "token_logprobs": "envhub.training.tensors",
     "IGNORE_INDEX": "envhub.training.tensors",
     "aggregate_loss": "envhub.training.loss", "policy_gradient_loss": "envhub.training.loss",
+    "RolloutClient": "envhub.training.client", "DAPOCollector": "envhub.training.dapo",
 }
 
 
 def __getattr__(name: str):
-    if name in _LAZY:  # torch is imported only when a tensor helper is asked for
+    if name in _LAZY:  # torch is imported only when a tensor helper is asked for (httpx when the client is)
         import importlib
 
         return getattr(importlib.import_module(_LAZY[name]), name)

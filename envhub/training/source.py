@@ -16,7 +16,7 @@ here so they behave alike:
    :class:`~envhub.rollout.request.TaskIndex` rule in-process and in the service.
 2. **Run the episode**: in-process, envhub's executor drives the env and samples through an
    :class:`~envhub.backends.base.LLMBackend` the adapter builds over the trainer's own engine; or, when
-   ``service_urls`` is configured, the rollout service runs it (``envhub.service.client.RolloutClient``).
+   ``service_urls`` is configured, the rollout service runs it (``envhub.training.client.RolloutClient``).
 3. **Cap lengths** the way trainers need: a prompt longer than ``max_prompt_length`` is not rolled out (a marked
    failure); the response never exceeds ``max_response_length`` (the executor's token budget stops it). The caps
    travel with the request, so the service enforces them too, before any token is spent;
@@ -196,9 +196,9 @@ class EpisodeRunner:
         entry = self._clients.get(id(loop))
         if entry is None or entry[0] is not loop:
             try:
-                from envhub.service.client import RolloutClient
+                from envhub.training.client import RolloutClient
             except ImportError as e:
-                raise RuntimeError(f"service mode needs envhub.service.client.RolloutClient: {e}") from e
+                raise RuntimeError(f"service mode needs envhub.training.client.RolloutClient: {e}") from e
             entry = self._clients[id(loop)] = (loop, RolloutClient(self.options.service_urls))
         return entry[1]
 

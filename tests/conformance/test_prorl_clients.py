@@ -112,7 +112,7 @@ async def test_nemo_rl_and_verl_read_envhubs_exact_tokens_rewards_and_flags(pror
 async def test_envhub_client_gets_back_the_untrimmed_faithful_trajectory(prorl_server, tiny_tokenizer):
     """envhub's own client (``RolloutClient``) reads the ProRL-shaped reply back into the plain, untrimmed log,
     and the trajectory still passes the token-fidelity check (its messages re-render to its ids)."""
-    from envhub.service import RolloutClient
+    from envhub.training.client import RolloutClient
 
     srv, _ = prorl_server()
     async with RolloutClient(srv.url) as c:

@@ -1,11 +1,11 @@
-"""Unit tests of ``envhub.service.prorl``: the per-message cut is exact for any turn layout, and reversible."""
+"""Unit tests of ``envhub.rollout.prorl``: the per-message cut is exact for any turn layout, and reversible."""
 from __future__ import annotations
 
 import random
 
 import pytest
 
-from envhub.service.prorl import prorl_messages, text_log
+from envhub.rollout.prorl import prorl_messages, text_log
 
 
 def layout(seed: int):

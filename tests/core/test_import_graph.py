@@ -110,6 +110,81 @@ def test_no_import_cycles_even_through_deferred_imports():
     assert cycles(graph) == []
 
 
+# The layers of ``envhub/`` (../shared/DESIGN.md, "Layers point one way"), lowest first: a package may import its own
+# layer and those below, at module level or deferred, never one above. ``http`` sits beneath both servers.
+LAYERS = [
+    {"types", "arguments", "spaces", "fdlimit", "failurelog", "testing"},
+    {"verifier", "policy", "http"},
+    {"env", "task"},
+    {"spec", "probes", "grading"},
+    {"hookspecs", "plugins", "(root)", "admission"},
+    {"sandbox", "tools", "registry", "scaffold"},
+    {"codec", "backends"},
+    {"rollout"},
+    {"gateway"},
+    {"harness"},
+    {"service", "training"},
+    {"cli"},
+]
+# The one arrow that runs up, and why (docs/decisions.md, "#27: layers"): ``ToolEnv.reset`` starts the env's own
+# sandbox, lazily, so a plain text env never loads the sandbox layer.
+UPWARD_ALLOWED = {("env", "sandbox")}
+
+
+def package_of(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "(root)"
+
+
+def upward_imports(graph: dict[str, set[str]]) -> dict[tuple[str, str], list[tuple[str, str]]]:
+    """``{(lower package, higher package): [(module, module imported)...]}`` for every import that runs up."""
+    rank = {p: i for i, layer in enumerate(LAYERS) for p in layer}
+    out: dict[tuple[str, str], list[tuple[str, str]]] = {}
+    for module, targets in graph.items():
+        for target in targets:
+            a, b = package_of(module), package_of(target)
+            if a != b and rank[a] < rank[b]:
+                out.setdefault((a, b), []).append((module, target))
+    return out
+
+
+def test_layers_point_one_way():
+    graph = module_graph(deferred=True)
+    known = {p for layer in LAYERS for p in layer}
+    assert {package_of(m) for m in graph} <= known, "a new package: give it a layer in LAYERS"
+    up = upward_imports(graph)
+    assert set(up) <= UPWARD_ALLOWED, {k: v for k, v in up.items() if k not in UPWARD_ALLOWED}
+
+
+def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The packages' graph (an edge where any module of one imports any module of the other), without the allowed
+    upward arrows."""
+    out: dict[str, set[str]] = {}
+    for module, targets in graph.items():
+        a = package_of(module)
+        out.setdefault(a, set()).update(b for b in map(package_of, targets) if b != a and (a, b) not in UPWARD_ALLOWED)
+    return out
+
+
+def test_no_loops_between_packages():
+    """Peers of one layer do not import each other both ways (the service and the trainer side used to)."""
+    assert cycles(package_graph(module_graph(deferred=True))) == []
+
+
+def test_the_layer_check_finds_an_import_that_runs_up(tmp_path):
+    """The test above can fail: a sandbox module importing the rollout layer, even inside a function, is reported."""
+    pkg = tmp_path / "envhub"
+    for sub in ("sandbox", "rollout"):
+        (pkg / sub).mkdir(parents=True)
+        (pkg / sub / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "rollout" / "executor.py").write_text("from envhub.sandbox import start\n")
+    (pkg / "sandbox" / "pool.py").write_text("def f():\n    from envhub.rollout import executor\n")
+    graph = module_graph(pkg, deferred=True)
+    assert upward_imports(graph) == {("sandbox", "rollout"): [("envhub.sandbox.pool", "envhub.rollout.executor")]}
+    assert cycles(package_graph(graph)) == [["rollout", "sandbox"]]
+
+
 def test_the_cycle_finder_finds_a_cycle(tmp_path):
     """The test above can fail: two modules importing each other are reported."""
     pkg = tmp_path / "envhub"

@@ -279,13 +279,14 @@ def test_a_client_that_goes_away_mid_generation_leaves_no_trained_turn(tiny_toke
 
 
 def test_a_client_varying_its_tools_does_not_grow_memory(plain):
-    """Every call with another tool set would compile and keep another codec: the gateway keeps a bounded set."""
-    from envhub.gateway.core import MAX_CODECS
+    """Every call with another tool set would compile and keep another codec: the codecs shared per tokenizer (the
+    gateway's, the executor's and the service's one cache) are a bounded set."""
+    from envhub.codec.chat import _SHARED, MAX_SHARED
 
     srv, key, backend, gw, s = plain
-    for i in range(MAX_CODECS + 5):
+    for i in range(MAX_SHARED + 5):
         tools = [{"type": "function", "function": {"name": f"tool_{i}", "description": "x", "parameters": {}}}]
         r = httpx.post(srv.url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
                                                               "tools": tools}, headers={"Authorization": f"Bearer {key}"})
         assert r.status_code == 200
-    assert len(gw._codecs) == MAX_CODECS
+    assert len(_SHARED[gw.tokenizer]) == MAX_SHARED

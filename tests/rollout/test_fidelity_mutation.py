@@ -131,7 +131,7 @@ async def test_the_service_returns_real_non_canonical_samples_exactly(backend, t
     session is the job's)."""
     from envhub.rollout.trajectory import Trajectory
     from envhub.service import RolloutService, ServerThread
-    from envhub.service.client import RolloutClient
+    from envhub.training.client import RolloutClient
 
     srv = ServerThread(RolloutService(tiny_tokenizer, backends=[backend])).start()
     spec = envhub.get_spec("guess-number")

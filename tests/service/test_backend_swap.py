@@ -15,7 +15,7 @@ import pytest
 
 from envhub.rollout.fidelity import check_trajectory
 from envhub.rollout.trajectory import Trajectory
-from envhub.service.client import RolloutClient
+from envhub.training.client import RolloutClient
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "backends"))
 from standin_server import StandIn  # noqa: E402

@@ -6,8 +6,8 @@ import socket
 
 import pytest
 
-from envhub.service.client import RolloutClient, RolloutClientError, _Server, is_local
-from envhub.service.dapo import DAPOCollector
+from envhub.training.client import RolloutClient, RolloutClientError, _Server, is_local
+from envhub.training.dapo import DAPOCollector
 
 COUNTDOWN = {"env_id": "countdown", "task_id": "countdown-2-0001"}
 

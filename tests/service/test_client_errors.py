@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from envhub.service.client import RolloutClient
+from envhub.training.client import RolloutClient
 from envhub.service.errors import scrub
 
 HERE = Path(__file__).parent

@@ -6,7 +6,7 @@ clients train on. (Test adapted from helper j13a's.)"""
 from __future__ import annotations
 
 from envhub.rollout.trajectory import Trajectory
-from envhub.service.client import RolloutClient
+from envhub.training.client import RolloutClient
 
 
 async def test_a_run_timeout_reply_has_no_trainable_token(serve):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from envhub.service.client import RolloutClient
+from envhub.training.client import RolloutClient
 
 
 @pytest.mark.parametrize("env_id,task_id,stage,error,traceback", [

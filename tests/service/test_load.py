@@ -11,7 +11,7 @@ import time
 import pytest
 from svc_helpers import spawn_server
 
-from envhub.service.client import RolloutClient
+from envhub.training.client import RolloutClient
 from envhub.service.server import raise_fd_limit
 
 JOBS = int(os.environ.get("ENVHUB_LOAD_JOBS", "10000"))

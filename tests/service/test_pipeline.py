@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from envhub.service.client import RolloutClient
+from envhub.training.client import RolloutClient
 
 COUNTDOWN = {"env_id": "countdown", "task_id": "countdown-2-0001"}
 

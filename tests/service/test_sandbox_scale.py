@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from envhub.service.client import RolloutClient
+from envhub.training.client import RolloutClient
 from envhub.service.golden import GoldenBackend
 
 pytestmark = pytest.mark.skipif(not os.path.exists("/usr/bin/bwrap"), reason="needs bubblewrap (make sys-deps)")

@@ -10,7 +10,7 @@ import time
 import pytest
 from svc_helpers import alive, descendants, spawn_server
 
-from envhub.service.client import RolloutClient
+from envhub.training.client import RolloutClient
 
 pytestmark = pytest.mark.skipif(not os.path.exists("/usr/bin/bwrap"), reason="needs bubblewrap (make sys-deps)")
 

@@ -74,7 +74,7 @@ def test_the_dapo_collector_keeps_groups_by_the_trainers_rule(rewards, keep):
     """``Group.informative`` is ``dapo_keep`` (one DAPO keep/drop rule), with float noise counted as equal."""
     from types import SimpleNamespace
 
-    from envhub.service.dapo import TOL, Group
+    from envhub.training.dapo import TOL, Group
     from envhub.training.advantages import dapo_keep
 
     group = Group("k", {}, [SimpleNamespace(reward=r) for r in rewards])

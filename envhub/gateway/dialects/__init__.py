@@ -2,7 +2,7 @@
 :class:`~envhub.gateway.core.ChatResult` back into the provider's reply, its SSE event sequence and its error shape.
 
 =============  ==========================================  ====================================================
-module         routes                                      used by (``../shared/research`` §3)
+module         routes                                      used by (docs/gateway.md)
 =============  ==========================================  ====================================================
 ``chat``       ``/v1/chat/completions``                    mini-swe-agent, Qwen Code, opencode, LangChain, SDKs
 ``responses``  ``/v1/responses``                           Codex CLI, OpenAI Agents SDK (default), opencode

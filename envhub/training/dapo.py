@@ -69,7 +69,7 @@ class _Pending:
 
 
 class DAPOCollector:
-    """Collects informative groups from a :class:`~envhub.service.client.RolloutClient` (see the module docstring).
+    """Collects informative groups from a :class:`~envhub.training.client.RolloutClient` (see the module docstring).
 
     Args:
         client: the rollout client.

@@ -1,7 +1,10 @@
-"""What the rollout service accepts from a client: request size, time to send it, connections, and where from.
+"""What an envhub server (the rollout service, the gateway) accepts from a client: request size, time to send it,
+connections, and where from.
 
-Two parts, both outside the endpoints (so every endpoint gets them, and endpoint code stays about rollouts):
+Three parts, all outside the endpoints (so every endpoint gets them, and endpoint code stays about its work):
 
+* :func:`read_body`, the one reading of a request body both servers use: **415** for a body that is not JSON,
+  **413** past the cap (announced or counted, naming the flag that raises it), **408** past the body deadline.
 * :class:`RequestGuard`, ASGI middleware. A body larger than ``max_body_bytes`` gets **413** (announced by
   ``Content-Length`` or counted while streaming); a body not complete within ``body_timeout_s`` gets **408**. A
   state-changing request (any method but GET/HEAD/OPTIONS) with a body must say ``Content-Type: application/json``
@@ -59,52 +62,94 @@ async def _reply(send: Any, status: int, detail: str) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
+class BodyRefused(Exception):
+    """A request refused while its body was read: the HTTP ``status`` and a message a person can act on."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+def check_length(headers: dict, max_body: int, flag: str) -> None:
+    """Refuse (413, naming ``flag``) a request whose ``Content-Length`` announces more than ``max_body`` bytes."""
+    length = headers.get(b"content-length")
+    if length is not None and length.isdigit() and int(length) > max_body:
+        raise BodyRefused(413, f"request body of {int(length)} bytes is larger than this server's limit of "
+                               f"{max_body} bytes ({flag})")
+
+
+async def read_body(headers: dict, receive: Any, *, max_body: int, body_timeout: float, flag: str,
+                    assume_json: bool = False) -> bytes | None:
+    """The request body, read the way every envhub server reads it (``headers``: lower-cased names to values).
+
+    Args:
+        receive: the ASGI ``receive`` of the request.
+        max_body: the cap in bytes: a ``Content-Length`` over it is refused before reading, a stream when it passes.
+        body_timeout: seconds the whole body may take to arrive.
+        flag: the command-line flag that raises the cap, named in the 413 message.
+        assume_json: a request without ``Content-Type`` is taken as JSON (the gateway's clients); otherwise a body
+            must say ``application/json``.
+
+    Returns:
+        The body's bytes, or None when the client went away while sending it.
+
+    Raises:
+        BodyRefused: 415 (not JSON), 413 (over the cap), 408 (too slow).
+    """
+    ctype = headers.get(b"content-type", b"application/json" if assume_json else b"").split(b";")[0].strip().lower()
+    has_body = headers.get(b"content-length", b"0") not in (b"0", b"") or b"transfer-encoding" in headers
+    if (has_body or assume_json) and ctype != b"application/json":
+        raise BodyRefused(415, f"the body must be JSON: send 'Content-Type: application/json' (got "
+                               f"{ctype.decode(errors='replace')!r})")
+    check_length(headers, max_body, flag)
+    body, more = bytearray(), True
+    while more:
+        try:
+            msg = await asyncio.wait_for(receive(), body_timeout)
+        except asyncio.TimeoutError:
+            raise BodyRefused(408, f"the request body was not complete within {body_timeout:g} s") from None
+        if msg["type"] == "http.disconnect":
+            return None
+        body += msg.get("body", b"")
+        more = msg.get("more_body", False)
+        if len(body) > max_body:
+            raise BodyRefused(413, f"request body is larger than this server's limit of {max_body} bytes ({flag})")
+    return bytes(body)
+
+
 class RequestGuard:
     """ASGI middleware enforcing the body cap, the body deadline, JSON content type and same-origin (see module)."""
 
     def __init__(self, app: Any, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-                 body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S):
+                 body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S, flag: str = "envhub serve --max-body-mb"):
         self.app, self.max_body, self.body_timeout = app, int(max_body_bytes), float(body_timeout_s)
+        self.flag = flag
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         headers = {k.lower(): v for k, v in scope.get("headers", [])}
-        if scope["method"] not in SAFE_METHODS:
+        try:
+            if scope["method"] in SAFE_METHODS:
+                check_length(headers, self.max_body, self.flag)
+                return await self.app(scope, receive, send)
             refused = self.cross_site(headers, scope)
             if refused:
                 return await _reply(send, 403, refused)
-            ctype = headers.get(b"content-type", b"").split(b";")[0].strip().lower()
-            has_body = headers.get(b"content-length", b"0") not in (b"0", b"") or b"transfer-encoding" in headers
-            if has_body and ctype != b"application/json":
-                return await _reply(send, 415, f"{scope['method']} {scope['path']} needs 'Content-Type: "
-                                               f"application/json' (got {ctype.decode(errors='replace')!r})")
-        length = headers.get(b"content-length")
-        if length is not None and length.isdigit() and int(length) > self.max_body:
-            return await _reply(send, 413, f"request body of {int(length)} bytes is larger than this server's "
-                                           f"limit of {self.max_body} bytes (envhub serve --max-body-mb)")
-        body, more = bytearray(), True
-        while more and scope["method"] not in SAFE_METHODS:
-            try:
-                msg = await asyncio.wait_for(receive(), self.body_timeout)
-            except asyncio.TimeoutError:
-                return await _reply(send, 408, f"the request body was not complete within {self.body_timeout:g} s")
-            if msg["type"] == "http.disconnect":
-                return None
-            body += msg.get("body", b"")
-            more = msg.get("more_body", False)
-            if len(body) > self.max_body:
-                return await _reply(send, 413, f"request body is larger than this server's limit of "
-                                               f"{self.max_body} bytes (envhub serve --max-body-mb)")
-        if scope["method"] in SAFE_METHODS:
-            return await self.app(scope, receive, send)
+            body = await read_body(headers, receive, max_body=self.max_body, body_timeout=self.body_timeout,
+                                   flag=self.flag)
+        except BodyRefused as e:
+            return await _reply(send, e.status, f"{scope['method']} {scope['path']}: {e}" if e.status == 415 else
+                                str(e))
+        if body is None:  # the client went away
+            return None
         sent = False
 
         async def replay() -> dict:
             nonlocal sent
             if not sent:
                 sent = True
-                return {"type": "http.request", "body": bytes(body), "more_body": False}
+                return {"type": "http.request", "body": body, "more_body": False}
             return await receive()
 
         return await self.app(scope, replay, send)
