@@ -62,7 +62,8 @@ def serve_cmd(host, port, init_workers, run_workers, eval_workers, backends, tok
 
     from envhub.cli.common import default_tokenizer
     from envhub.testing.models import load_tokenizer, resolve_model
-    from envhub.service.server import is_loopback, serve
+    from envhub.http.server import is_loopback
+    from envhub.service.server import serve
     from envhub.service.service import RolloutService
 
     for name, n in (("--init-workers", init_workers), ("--run-workers", run_workers),

@@ -8,7 +8,7 @@ import time
 import httpx
 import pytest
 
-from envhub.service.server import is_loopback as is_loopback_name
+from envhub.http.server import is_loopback as is_loopback_name
 
 
 @pytest.fixture

@@ -166,7 +166,7 @@ async def test_job_ids_make_retries_safe(serve):
 
 
 async def test_a_token_is_required_on_every_endpoint_off_loopback(serve):
-    from envhub.service.server import check_binding
+    from envhub.http.server import check_binding
 
     with pytest.raises(ValueError, match="token"):
         check_binding("0.0.0.0", None)

@@ -12,7 +12,7 @@ import pytest
 from svc_helpers import spawn_server
 
 from envhub.training.client import RolloutClient
-from envhub.service.server import raise_fd_limit
+from envhub.http.server import raise_fd_limit
 
 JOBS = int(os.environ.get("ENVHUB_LOAD_JOBS", "10000"))
 
