@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 
 import pytest
 from hypothesis import given, settings
@@ -60,14 +59,16 @@ def test_everything_but_one_equal_expression_fails_with_a_reason(given_, gold, w
     assert why in details["reason"], details
 
 
-def test_hostile_inputs_are_refused_fast():
-    """Inputs that would hang sympy.sympify (huge powers, deep nesting, megabytes) are refused in milliseconds."""
+@pytest.mark.timeout(60)  # the hang this guards against fails by name; speed itself is measured, never asserted
+def test_hostile_inputs_are_refused_before_sympy_works_on_them():
+    """Inputs that would hang sympy.sympify (huge powers, deep nesting, megabytes) are refused by the size and power
+    guards, whose reasons say so, not after sympy has tried (which would not return)."""
     hostile = ["9^9^9^9^9", "2^(2^(2^(2^10)))", "10^1000^1000", "(" * 5000, "9" * 10**6, "((2^999)^999)^999",
                "(1+sqrt(2)+pi)^999", "\\sqrt[64]{" * 20 + "2" + "}" * 20]
     for text in hostile:
-        t0 = time.perf_counter()
-        ok, _ = check(text, "1")
-        assert not ok and time.perf_counter() - t0 < 0.5, text
+        ok, details = check(text, "1")
+        assert not ok, text
+        assert any(why in details["reason"] for why in ("is too large", "characters long")), (text[:40], details)
 
 
 @settings(max_examples=200, deadline=None)
