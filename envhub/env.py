@@ -94,6 +94,17 @@ class TextEnv(gymnasium.Env):
 
     # ---- the Gymnasium API ------------------------------------------------------------------------------------
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        """Start an episode: choose the task, prepare it (:meth:`begin_episode`, :meth:`start`).
+
+        Args:
+            seed: seeds ``self.np_random`` (Gymnasium's rule), and so the task chosen when ``options`` names none.
+            options: ``{"task": row}`` plays that task row; without one, a task is drawn from the env's tasks with
+                ``np_random`` (``ValueError`` when the env was made without tasks).
+
+        Returns:
+            ``(messages, info)``: the opening messages (OpenAI chat dicts; what :meth:`start` returned, a string as
+            one user message) and ``{"task_id": ...}``.
+        """
         super().reset(seed=seed)
         self.task = self._choose_task(options)
         self.turn = 0
@@ -104,6 +115,22 @@ class TextEnv(gymnasium.Env):
         return messages, {"task_id": str(self.task.get("task_id", ""))}
 
     def step(self, action: Action | str):
+        """Play one action of the agent.
+
+        Args:
+            action: the model's reply: an :class:`Action` (text and parsed tool calls), or a ``str`` (its text, for a
+                person driving the env by hand).
+
+        Returns:
+            ``(messages, reward, terminated, truncated, info)``: the env's new messages; this step's reward (plus
+            the verifier's at the end of an episode when the env grades itself, as ``gymnasium.make`` sets up);
+            ``terminated`` when the episode ended (the env said done), ``truncated`` when ``max_turns`` cut it; at
+            either, ``info["artifacts"]`` is what the verifier grades (and ``info["score"]`` its score when the env
+            grades itself).
+
+        Raises:
+            RuntimeError: ``step`` before ``reset``, or after the episode ended.
+        """
         if self.task is None:
             raise RuntimeError("step() before reset(): call env.reset(options={'task': row}) first")
         if self.done:
