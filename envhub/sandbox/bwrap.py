@@ -356,7 +356,7 @@ class BwrapSandbox(Sandbox):
         # SIGKILL bwrap: its PID 1 dies with it (PDEATHSIG), and with PID 1 the whole PID namespace
         lifecycle.kill_all(self._members(), signal.SIGKILL)
         _wait(proc, 5.0)
-        deadline = time.monotonic() + 5.0
+        deadline = time.monotonic() + KILL_SETTLE_S
         while (left := self._members()) and time.monotonic() < deadline:
             lifecycle.kill_all(left, signal.SIGKILL)
             time.sleep(0.005)
@@ -375,6 +375,12 @@ class BwrapSandbox(Sandbox):
         if self.disk_capped:
             quota.unmount(os.path.join(self.state_dir, "workspace"))
         shutil.rmtree(self.state_dir, ignore_errors=True)
+
+
+# How long a SIGKILLed sandbox may take to be gone (its processes reaped, its cgroup empty) before a survivor is
+# reported. Only the failure path waits it out. 5 s was too short on a loaded node: with a thousand sandboxes
+# stopping on 2 cores, one process still counted after 5 s once in a CI run and failed a rollout that was fine.
+KILL_SETTLE_S = 30.0
 
 
 def _read_all(fd: int) -> bytes:
