@@ -19,7 +19,13 @@ check                      passes when
 ``regrade``                re-grading the recorded artifacts hundreds of times, interleaved, always gives the first
                            verdict (time bombs, leaks, memory of solved tasks; budget in ``envhub.grading``)
 ``hack-probes-declared``   (env-level) the plugin declares hack probes: a warning, unfit under ``strict``
+``judge-calibration``      (env-level, judged verifiers) agreement and Cohen's kappa on the env's labelled examples
+                           reach its declared thresholds; ``judge-position-bias`` for a pairwise judge
+                           (``envhub.judgeprobes``, which also adds the ``probe:judge-*`` attacks on every task)
 =========================  ====================================================================================
+
+A judged verifier (``verifier.judged``) is re-graded without its cache (``verifier.uncached()``): a cached verdict
+would agree with itself. Its cost (calls, cache hits, tokens, seconds) is the report's ``judge_cost``.
 
 Each check has a ``status``: ``pass``, ``fail``, ``skip`` (does not apply, with why) or ``warn``. A task failing
 any check is *quarantined* (named, with the reason). The verifier is *unfit* (``report.fit`` is false, ``envhub
@@ -42,6 +48,7 @@ from typing import Any
 
 from envhub.env import Action, MessagesSpace, ToolCall
 from envhub.grading import BoundedGrader, Budget, Hung, crashed, detection, regrade
+from envhub.judgeprobes import calibrate, judge_probes
 from envhub.policy import Policy
 from envhub.probes import ANSWER_EDITS, Probe, builtin_probes
 from envhub.spec import EnvSpec
@@ -51,7 +58,8 @@ from envhub.verifier import Score, as_verifier
 SEED = 1234
 EPISODE_TIMEOUT_S = 300.0
 # failing these makes the verifier unfit
-VERIFIER_CHECKS = ("noop", "deterministic", "malformed", "hack", "probe", "regrade", "hack-probes-declared")
+VERIFIER_CHECKS = ("noop", "deterministic", "malformed", "hack", "probe", "regrade", "hack-probes-declared",
+                   "judge-calibration", "judge-position-bias")
 PROBE_NAMES = [*ANSWER_EDITS, "reward-claim-json", "reward-claim-text", "reward-claim-tools"]
 
 log = logging.getLogger(__name__)
@@ -107,6 +115,7 @@ class AdmissionReport:
     checks: list[Check] = field(default_factory=list)  # env-level checks
     strict: bool = False
     budget: Budget | None = None
+    judge_cost: dict[str, Any] | None = None  # a judged verifier's calls, cache hits, tokens, seconds
 
     @property
     def passed(self) -> int:
@@ -153,7 +162,7 @@ class AdmissionReport:
             "fit": self.fit, "unfit_reasons": self.unfit_reasons, "warnings": self.warnings, "strict": self.strict,
             "tasks_total": len(self.tasks), "tasks_admitted": self.passed, "quarantined": self.quarantined,
             "duration_s": round(self.duration_s, 3), "checks": [asdict(c) for c in self.checks],
-            "regrade": self.regrade_summary(),
+            "regrade": self.regrade_summary(), **({"judge_cost": self.judge_cost} if self.judge_cost else {}),
             "tasks": [{"task_id": t.task_id, "admitted": t.admitted, "checks": [asdict(c) for c in t.checks]}
                       for t in self.tasks],
         }
@@ -243,13 +252,16 @@ def hack_probes_of(spec: EnvSpec) -> dict[str, Any]:
 
 
 async def admit_task(spec: EnvSpec, task: dict[str, Any], run, grader: BoundedGrader, budget: Budget,
-                     regrades: int, limit: asyncio.Semaphore) -> TaskReport:
+                     regrades: int, limit: asyncio.Semaphore, regrader: BoundedGrader | None = None) -> TaskReport:
     """All checks for one task; ``run(policy, **kw)`` plays one episode under the caller's concurrency limit, and
-    the grading holds one slot of ``limit`` too (a sandboxed grader is as heavy as an episode)."""
+    the grading holds one slot of ``limit`` too (a sandboxed grader is as heavy as an episode). ``regrader`` (default
+    ``grader``) makes the re-grades: a judged verifier's is uncached."""
     tools = list(getattr(spec.make(), "tools", []))
     golden = await run(spec.golden)  # first: the built-in probes are derived from its actions
     probes = builtin_probes(golden.actions, tools) if not golden.error else \
         [Probe(n, skip="the golden raised: no actions to derive it from") for n in PROBE_NAMES]
+    if getattr(spec.verifier, "judged", False) and not golden.error:
+        probes += judge_probes(golden.actions, tools, task, spec.verifier)
     jobs: dict[str, Any] = {"golden-replay": run(spec.golden), "noop": run(spec.noop)}
     for kind, action in malformed_actions([t.name for t in tools]).items():
         jobs[f"malformed:{kind}"] = run(spec.noop, first_action=action)
@@ -260,11 +272,12 @@ async def admit_task(spec: EnvSpec, task: dict[str, Any], run, grader: BoundedGr
             jobs[f"probe:{p.name}"] = run(p.policy)
     episodes = {"golden": golden, **dict(zip(jobs, await asyncio.gather(*jobs.values())))}
     async with limit:
-        return await asyncio.to_thread(_grade_task, task, episodes, probes, grader, budget, regrades)
+        return await asyncio.to_thread(_grade_task, task, episodes, probes, grader, budget, regrades,
+                                       regrader or grader)
 
 
 def _grade_task(task: dict[str, Any], episodes: dict[str, Playthrough], probes: list[Probe],
-                grader: BoundedGrader, budget: Budget, regrades: int) -> TaskReport:
+                grader: BoundedGrader, budget: Budget, regrades: int, regrader: BoundedGrader) -> TaskReport:
     """Grade every distinct artifact once (must-fail ones first, the golden's last), then re-grade (``regrade``)."""
     golden, replay = episodes["golden"], episodes["golden-replay"]
     golden_key = _key(golden.artifacts) if not golden.error else None
@@ -312,7 +325,7 @@ def _grade_task(task: dict[str, Any], episodes: dict[str, Playthrough], probes: 
                 and not ep.score.passed and k != golden_key:
             negatives.setdefault(k, (name, ep.artifacts))
     verdicts = {name: ep.score for name, ep in episodes.items() if ep.score is not None}
-    ok, msg, made, neg = regrade(grader, task, gold, list(negatives.values()), verdicts, regrades,
+    ok, msg, made, neg = regrade(regrader, task, gold, list(negatives.values()), verdicts, regrades,
                                     budget.seconds)
     checks.append(Check("regrade", ok, msg))
     report = TaskReport(str(task.get("task_id", "")), checks)
@@ -337,12 +350,18 @@ async def admit_async(spec: EnvSpec, *, n: int | None = None, task_ids: list[str
             except asyncio.TimeoutError:
                 return Playthrough(error=f"TimeoutError: episode took longer than {EPISODE_TIMEOUT_S:.0f}s")
 
+    verifier = as_verifier(spec.verifier)
+    fresh = verifier.uncached() if hasattr(verifier, "uncached") else None
+
     async def one(task: dict[str, Any]) -> TaskReport:
-        grader = BoundedGrader(as_verifier(spec.verifier), budget.grade_timeout_s, hung)
+        grader = BoundedGrader(verifier, budget.grade_timeout_s, hung)
+        regrader = BoundedGrader(fresh, budget.grade_timeout_s, hung) if fresh is not None else grader
         try:
-            report = await admit_task(spec, task, functools.partial(run, task), grader, budget, regrades, sem)
+            report = await admit_task(spec, task, functools.partial(run, task), grader, budget, regrades, sem,
+                                      regrader)
         finally:
             grader.close()
+            regrader.close()
         if progress:
             progress(report)
         return report
@@ -354,8 +373,16 @@ async def admit_async(spec: EnvSpec, *, n: int | None = None, task_ids: list[str
                   Check("hack-probes-declared", not strict, "the plugin declares no hack probes: only the built-in "
                         "ones test its verifier; write HACK_PROBES for the shortcuts of this task family",
                         status="fail" if strict else "warn")]
+    if getattr(verifier, "judged", False):
+        grader = BoundedGrader(verifier, budget.grade_timeout_s, hung)
+        try:
+            found = await asyncio.to_thread(calibrate, verifier, grader.grade)
+        finally:
+            grader.close()
+        env_checks += [Check(name, ok, msg, status=status) for name, ok, msg, status in found]
+    cost = verifier.judge_stats() if hasattr(verifier, "judge_stats") else None
     return AdmissionReport(spec.id, spec.version, spec.distribution, list(reports), time.perf_counter() - t0,
-                           checks=env_checks, strict=strict, budget=budget)
+                           checks=env_checks, strict=strict, budget=budget, judge_cost=cost)
 
 
 def admit(spec: EnvSpec, **kw: Any) -> AdmissionReport:
