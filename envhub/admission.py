@@ -18,6 +18,9 @@ check                      passes when
                            Unicode look-alikes, reward claims) fails, and no hostile input raises
 ``regrade``                re-grading the recorded artifacts hundreds of times, interleaved, always gives the first
                            verdict (time bombs, leaks, memory of solved tasks; budget in ``envhub.grading``)
+``shaping-hack``           (envs whose golden takes steps before answering) the golden's steps farmed to the turn
+                           budget fail the outcome; ``shaping-hack:total``: with step rewards, their composed total
+                           (``envhub.rewards``: capped) is below the golden's
 ``hack-probes-declared``   (env-level) the plugin declares hack probes: a warning, unfit under ``strict``
 ``judge-calibration``      (env-level, judged verifiers) agreement and Cohen's kappa on the env's labelled examples
                            reach its declared thresholds; ``judge-position-bias`` for a pairwise judge
@@ -50,7 +53,8 @@ from envhub.env import Action, MessagesSpace, ToolCall
 from envhub.grading import BoundedGrader, Budget, Hung, crashed, detection, regrade
 from envhub.judgeprobes import calibrate, judge_probes
 from envhub.policy import Policy
-from envhub.probes import ANSWER_EDITS, Probe, builtin_probes
+from envhub.probes import ANSWER_EDITS, Probe, builtin_probes, farming_probe
+from envhub.rewards import compose, step_components
 from envhub.spec import EnvSpec
 from envhub.task import select
 from envhub.verifier import Score, as_verifier
@@ -59,7 +63,7 @@ SEED = 1234
 EPISODE_TIMEOUT_S = 300.0
 # failing these makes the verifier unfit
 VERIFIER_CHECKS = ("noop", "deterministic", "malformed", "hack", "probe", "regrade", "hack-probes-declared",
-                   "judge-calibration", "judge-position-bias")
+                   "judge-calibration", "judge-position-bias", "shaping-hack")
 PROBE_NAMES = [*ANSWER_EDITS, "reward-claim-json", "reward-claim-text", "reward-claim-tools"]
 
 log = logging.getLogger(__name__)
@@ -75,6 +79,7 @@ class Playthrough:
     error: str | None = None  # an exception escaped the env (or the policy): a bug admission reports
     artifacts: dict[str, Any] = field(default_factory=dict)
     actions: list[Action] = field(default_factory=list)
+    steps: list[dict[str, float]] = field(default_factory=list)  # each step's process-reward components
 
 
 @dataclass
@@ -200,7 +205,8 @@ def play(spec: EnvSpec, task: dict[str, Any], policy: Policy, *, seed: int = SEE
             action = first_action if (turn == 0 and first_action is not None) else policy(task, list(history))
             action = Action.coerce(action)
             ep.actions.append(action)
-            obs, _, terminated, truncated, info = env.step(action)
+            obs, reward, terminated, truncated, info = env.step(action)
+            ep.steps.append(step_components(reward, info))
             if not MessagesSpace().contains(obs):
                 raise TypeError(f"step() returned an observation that is not a list of chat messages: {str(obs)[:200]}")
             history += [action.to_message(), *obs]
@@ -270,10 +276,33 @@ async def admit_task(spec: EnvSpec, task: dict[str, Any], run, grader: BoundedGr
     for p in probes:
         if not p.skip:
             jobs[f"probe:{p.name}"] = run(p.policy)
+    farm = farming_probe(golden.actions, spec.max_turns) if not golden.error else None
+    if farm is not None and not farm.skip:
+        jobs["shaping-hack"] = run(farm.policy)  # graded as must-fail with the others; its total: shaping_check
     episodes = {"golden": golden, **dict(zip(jobs, await asyncio.gather(*jobs.values())))}
     async with limit:
-        return await asyncio.to_thread(_grade_task, task, episodes, probes, grader, budget, regrades,
-                                       regrader or grader)
+        report = await asyncio.to_thread(_grade_task, task, episodes, probes, grader, budget, regrades,
+                                         regrader or grader)
+    report.checks.append(shaping_check(spec, episodes))
+    return report
+
+
+def shaping_check(spec: EnvSpec, episodes: dict[str, Playthrough]) -> Check:
+    """``shaping-hack:total``: farming the golden's rewarded steps (the ``shaping-hack`` episode, which must also fail
+    the outcome like every probe) totals less than the golden under the env's reward composition
+    (``envhub.rewards``). Skipped when there is nothing to compare or no step reward was earned."""
+    golden, farm = episodes["golden"], episodes.get("shaping-hack")
+    name = "shaping-hack:total"
+    if farm is None or golden.score is None or farm.score is None:
+        return Check(name, True, "not compared: no farming episode, or one side has no grade", status="skip")
+    if not any(golden.steps) and not any(farm.steps):
+        return Check(name, True, "no step rewards to farm", status="skip")
+    g = compose(golden.score.reward, golden.steps, spec.rewards)
+    f = compose(farm.score.reward, farm.steps, spec.rewards)
+    ok = not farm.score.passed and f.total < g.total
+    return Check(name, ok, f"farming {len(farm.steps)} steps: total {f.total:.3f} (process raw "
+                 f"{f.process_raw:.3f}, capped {f.process:.3f}, passed={farm.score.passed}); golden {g.total:.3f}",
+                 f.total)
 
 
 def _grade_task(task: dict[str, Any], episodes: dict[str, Playthrough], probes: list[Probe],

@@ -213,6 +213,17 @@ def builtin_probes(golden_actions: list[Action], tools: list[ToolSpec]) -> list[
     return probes
 
 
+def farming_probe(golden_actions: list[Action], max_turns: int) -> Probe:
+    """The shaping hack: the golden's steps before its answer (the tool calls a process reward credits), played
+    over and over to the turn budget, then the no-op's empty finish. It must fail the outcome and total less than the
+    golden (admission's ``shaping-hack`` check, for envs with step rewards; ``envhub.rewards``)."""
+    prefix = [a for a in golden_actions[:-1] if a.tool_calls or a.text]
+    if not prefix:
+        return Probe("shaping-hack", skip="the golden takes no step before its answer: nothing to farm")
+    steps = max(1, max_turns - 1)
+    return Probe("shaping-hack", [prefix[i % len(prefix)] for i in range(steps)], sent=_describe(prefix[0]))
+
+
 def _describe(action: Action) -> str:
     if action.tool_calls:
         c = action.tool_calls[-1]

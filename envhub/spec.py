@@ -6,6 +6,7 @@ from typing import Any, Callable
 
 from envhub.env import TextEnv
 from envhub.policy import Policy, noop
+from envhub.rewards import RewardConfig
 from envhub.verifier import Verifier, as_verifier
 
 
@@ -23,6 +24,8 @@ class EnvSpec:
         hack_probes: named policies that try known reward hacks (admission: each must fail).
         sandbox: the ``SandboxSpec`` its episodes run in, if any (informational; the env starts it).
         max_turns: the default turn budget.
+        rewards: how the outcome and the env's step rewards compose (``envhub.rewards``: caps, weights, DAPO's
+            overlong penalty); None: the defaults (process rewards at most half the outcome).
     """
 
     id: str
@@ -38,6 +41,7 @@ class EnvSpec:
     default_split: str = "test"
     summary: str = ""
     tags: list[str] = field(default_factory=list)
+    rewards: RewardConfig | None = None
     distribution: str = ""  # filled in by the plugin manager: which installed package provided this spec
 
     def __post_init__(self):

@@ -114,7 +114,7 @@ def test_no_import_cycles_even_through_deferred_imports():
 # layer and those below, at module level or deferred, never one above. ``http`` sits beneath both servers.
 LAYERS = [
     {"types", "arguments", "spaces", "fdlimit", "failurelog", "testing"},
-    {"verifier", "policy", "http"},
+    {"verifier", "policy", "http", "rewards"},
     {"env", "task"},
     {"spec", "probes", "grading", "judgeprobes"},
     {"hookspecs", "plugins", "(root)", "admission"},
