@@ -16,7 +16,8 @@ AReaL's control routes, same paths, bodies and replies (AReaL's ``areal/experime
 works unchanged; admin routes need the admin key (``--token``) when one is set:
 
 ====================================  ==============================================================================
-``POST /grant_capacity``              admin: capacity + 1 → ``{"capacity": n}``
+``POST /grant_capacity``              admin: one session admitted ahead by the staleness gate → ``{"capacity": n}``
+                                      (429 when the gate has no room)
 ``POST /rl/start_session``            admin: ``{task_id, api_key?}`` → ``{session_id, api_key}`` (429 no capacity,
                                       409 key bound to an active session, 400 admin key as session key)
 ``POST /rl/set_reward``               session: ``{interaction_id?, reward}`` → ``{"message": "success"}``
@@ -29,6 +30,9 @@ envhub's own session API (admin): ``POST /sessions`` ``{task_id?}`` → ``{sessi
 ``GET /sessions/<id>`` → calls, chains and why each began, flags; ``POST /sessions/<id>/trajectories``
 ``{builder, reward, discount}`` → ``{"trajectories": [Trajectory dicts]}``; ``DELETE /sessions/<id>``;
 ``POST /rl/set_version`` ``{version}`` (the policy version recorded on later calls); ``GET /metrics``.
+The staleness gate (:mod:`envhub.rollout.staleness`; admin): ``GET /staleness``, ``POST /staleness`` (settings),
+``POST /staleness/report`` ``{version?, consumed?, discarded?}`` (the trainer). Every session, from either route or
+from Python, is admitted by the gate (429 when it has no room).
 
 Errors come in the caller's provider shape (OpenAI ``{"error": {...}}``, Anthropic ``{"type": "error", ...}``) with a
 message a person can act on: malformed JSON or fields (400), no or unknown session key (401), body over the cap
@@ -49,6 +53,7 @@ from envhub.gateway.builders import build, summary
 from envhub.gateway.core import Gateway, UpstreamError
 from envhub.gateway.dialects import anthropic, chat, responses
 from envhub.gateway.messages import BadRequest
+from envhub.rollout.staleness import GateError, NoCapacity, http_route
 from envhub.http.limits import DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, BodyRefused, RequestGuard, read_body
 
 log = logging.getLogger(__name__)
@@ -118,6 +123,8 @@ class GatewayApp:
             err = e
         except UpstreamError as e:
             err = HTTPError(502, str(e))
+        except NoCapacity as e:  # the staleness gate: AReaL's proxy answers 429 too
+            err = HTTPError(429, str(e))
         except Exception as e:  # a bug of ours: the client gets a 500 it can report, the gateway keeps serving
             log.exception("gateway: %s %s failed", method, path)
             err = HTTPError(500, f"internal gateway error: {type(e).__name__}: {e}")
@@ -193,6 +200,9 @@ class GatewayApp:
             raise HTTPError(404, f"GET {path} is not served here (model routes only)")
         if path == "/metrics":
             return {**self.gw.stats, "sessions": len(self.gw.sessions), "capacity": self.gw.capacity}
+        if path == "/staleness":
+            self._admin(key)
+            return self._staleness("GET", path, None)
         if path.startswith("/sessions/"):
             self._admin(key)
             return summary(self._session_by_id(path.split("/")[2]))
@@ -200,23 +210,19 @@ class GatewayApp:
 
     async def _control(self, path: str, body: dict[str, Any], key: str | None) -> dict[str, Any]:
         gw = self.gw
-        if path == "/grant_capacity":
+        if path == "/grant_capacity":  # a grant is an admission by the staleness gate (429 when it has no room)
             self._admin(key)
-            gw.capacity = (gw.capacity or 0) + 1
-            return {"capacity": gw.capacity}
+            return {"capacity": gw.grant()}
         if path in ("/rl/start_session", "/sessions"):
             self._admin(key)
             if path == "/rl/start_session":
-                if gw.capacity is None or gw.capacity <= 0:
-                    raise HTTPError(429, "No available capacity to start a new session")
                 if not isinstance(body.get("task_id"), str):
                     raise HTTPError(400, "task_id (a string) is required", param="task_id")
             api_key = body.get("api_key")
             if api_key is not None and self.admin_key is not None and api_key == self.admin_key:
                 raise HTTPError(400, "Cannot use the admin API key as a session key.")
-            session = gw.start_session(str(body.get("task_id") or ""), api_key=api_key, task=body.get("task"))
-            if path == "/rl/start_session":
-                gw.capacity -= 1
+            session = gw.start_session(str(body.get("task_id") or ""), api_key=api_key, task=body.get("task"),
+                                       granted_only=path == "/rl/start_session")  # both routes pass the gate
             return {"session_id": session.session_id, "api_key": session.api_key}
         if path == "/rl/set_version":
             self._admin(key)
@@ -253,7 +259,19 @@ class GatewayApp:
             trajs = build(session, str(body.get("builder", "prefix_merging")), reward=str(body.get("reward", "outcome")),
                           discount=float(body.get("discount", 1.0)))
             return {"trajectories": [t.to_dict() for t in trajs], "summary": summary(session)}
+        if path.startswith("/staleness"):  # the trainer's version and consumption, the gate's settings
+            self._admin(key)
+            return self._staleness("POST", path, body)
         raise HTTPError(404, f"POST {path} is not served")
+
+    def _staleness(self, method: str, path: str, body: dict[str, Any] | None) -> dict[str, Any]:
+        try:
+            out = http_route(self.gw.gate, method, path, body)
+        except GateError as e:
+            raise HTTPError(400, str(e)) from None
+        if out is None:
+            raise HTTPError(404, f"{method} {path} is not served")
+        return out
 
 
 async def _disconnected(receive: Any) -> None:

@@ -26,6 +26,7 @@ from envhub.backends.base import LLMBackend, SamplingParams
 from envhub.gateway.matching import resolve
 from envhub.gateway.messages import BadRequest, prepare
 from envhub.gateway.records import CallRecord, Session, new_id, new_key
+from envhub.rollout.staleness import Lease, NoCapacity, StalenessGate
 
 log = logging.getLogger(__name__)
 
@@ -74,24 +75,43 @@ class Gateway:
         default_max_tokens: completion budget when the request names none.
         drift_every: compare a canonical rendering with the spliced prompt on every n-th spliced call (0: never).
         session_timeout_s: sessions idle this long are dropped when new ones start (AReaL: one hour).
-        capacity: AReaL's staleness counter for ``/rl/start_session`` (``None``: unlimited).
+        capacity: sessions granted at start (AReaL's ``/grant_capacity`` counter), as grants of the gate.
+        gate: the :class:`~envhub.rollout.staleness.StalenessGate` every session is admitted by (a rollout service
+            passes its own: one gate for jobs and sessions). Default: a gate with no bound, which only counts.
     """
 
     def __init__(self, backend: LLMBackend, tokenizer: Any, *, parser: str = "auto", max_model_len: int = 32768,
                  default_max_tokens: int = 1024, drift_every: int = 8, session_timeout_s: float = 3600.0,
-                 capacity: int | None = None):
+                 capacity: int | None = None, gate: StalenessGate | None = None):
         self.backend, self.tokenizer, self.parser = backend, tokenizer, parser
         self.max_model_len, self.default_max_tokens = int(max_model_len), int(default_max_tokens)
         self.drift_every, self.session_timeout_s = int(drift_every), float(session_timeout_s)
-        self.capacity = capacity
+        self.gate = gate if gate is not None else StalenessGate()
+        self.leases: dict[str, tuple[Lease, bool]] = {}  # session id -> (its admission, released by the gateway)
+        if capacity:
+            self.gate.grant(capacity)
         self.policy_version = 0
         self.sessions: dict[str, Session] = {}
         self.keys: dict[str, str] = {}
         self.stats = {"calls": 0, "spliced": 0, "new_chains": 0, "errors": 0, "drift_checks": 0, "drift": 0}
 
     # ---- sessions ---------------------------------------------------------------------------------------------
+    @property
+    def capacity(self) -> int:
+        """Sessions granted and not yet started (AReaL's ``/grant_capacity`` counter)."""
+        return len(self.gate.granted)
+
+    def grant(self, n: int = 1) -> int:
+        """AReaL's ``/grant_capacity``: admit ``n`` sessions ahead (:class:`NoCapacity` if the gate has no room)."""
+        return self.gate.grant(n)
+
     def start_session(self, task_id: str = "", *, task: Any = None, api_key: str | None = None,
-                      session_id: str | None = None) -> Session:
+                      session_id: str | None = None, lease: Lease | None = None,
+                      granted_only: bool = False) -> Session:
+        """A new session, admitted by the gate: with ``lease`` (the caller's admission, e.g. the rollout job a
+        harness episode runs in; the caller releases it), else a granted one, else a new one if the gate has
+        capacity -- :class:`NoCapacity` (HTTP 429) if not. ``granted_only`` (AReaL's ``/rl/start_session``): with
+        a gate that bounds nothing, only a grant admits, as on AReaL's proxy."""
         self._sweep()
         if api_key is not None and api_key in self.keys:
             old = self.sessions.get(self.keys[api_key])
@@ -104,10 +124,18 @@ class Gateway:
                 i += 1
         elif session_id in self.sessions:
             raise BadRequest(f"session {session_id!r} exists", status=409)
+        owned = lease is None
+        if lease is None:  # every session is admitted, whichever route starts it (AReaL#1481)
+            lease = self.gate.claim()
+            if lease is None:
+                if granted_only and not self.gate.bounded:
+                    raise NoCapacity("No available capacity to start a new session (POST /grant_capacity first)")
+                lease = self.gate.acquire_now("session")
         key = api_key or new_key()
         session = Session(session_id, key, task_id=task_id, task=task, ended_event=asyncio.Event(),
                           lock=asyncio.Lock())
         self.sessions[session_id], self.keys[key] = session, session_id
+        self.leases[session_id] = (lease, owned)
         return session
 
     def session_for_key(self, key: str) -> Session | None:
@@ -115,6 +143,12 @@ class Gateway:
         return self.sessions.get(sid) if sid is not None else None
 
     def end_session(self, session: Session) -> None:
+        entry = self.leases.pop(session.session_id, None)
+        if entry is not None and entry[1]:  # the gate learns the outcome; a stale session is marked, not trained
+            ok = any(c.ok for c in session.calls) and not {"upstream_failure", "aborted_call"} & set(session.flags)
+            verdict = self.gate.finish(entry[0], ok=ok)["verdict"]
+            if verdict in ("withheld", "dropped"):
+                session.flag(f"stale_{verdict}")
         session.ended = True
         if session.ended_event is not None:
             session.ended_event.set()
