@@ -44,6 +44,16 @@ def _check(i: int, t: Trajectory) -> None:
         )
     if any(m not in (0, 1) for m in t.response_mask):
         raise ValueError(f"trajectory {i} ({t.env_id}/{t.task_id}): response_mask must hold only 0 and 1")
+    versions = _versions(t)
+    if versions and len(versions) != n:
+        raise ValueError(
+            f"trajectory {i} ({t.env_id}/{t.task_id}): {n} response_ids but {len(versions)} response_versions"
+        )
+
+
+def _versions(t: Trajectory) -> list[int]:
+    # getattr: trajectories built before per-token versions existed (or by hand) have none
+    return list(getattr(t, "response_versions", None) or [])
 
 
 def to_tensors(
@@ -74,6 +84,11 @@ def to_tensors(
         - ``labels`` ``[B, T]`` long: ``input_ids`` with every non-model token set to -100 (for a
           transformers causal-LM loss that trains on model tokens only).
         - ``logprobs`` ``[B, T]`` float: the rollout's sampling logprobs on model tokens, 0 elsewhere.
+        - ``versions`` ``[B, T]`` long, only when the trajectories carry ``response_versions``: the weight version
+          that sampled each token, -1 on prompt, env and padding positions (AReaL's ``versions``; slice
+          ``[:, 1:]`` like ``logprobs`` for :func:`~envhub.training.loglinear_proximal_logprobs`). A batch mixing
+          trajectories with and without versions is refused (the unversioned ones would silently read as
+          "sampled by no version"); one with no response token at all needs none.
         - ``rewards`` ``[B]`` float; ``token_rewards`` ``[B, T]`` float: the reward on the last model token.
         - ``passed``, ``truncated`` ``[B]`` bool; ``prompt_lengths``, ``response_lengths`` ``[B]`` long.
     """
@@ -86,6 +101,12 @@ def to_tensors(
         raise ValueError("to_tensors needs at least one trajectory")
     for i, t in enumerate(trajs):
         _check(i, t)
+    # A trajectory with no response token (a rollout that failed before the model spoke) has nothing to tag.
+    with_versions = any(_versions(t) for t in trajs)
+    bare = [i for i, t in enumerate(trajs) if t.response_ids and not _versions(t)]
+    if with_versions and bare:
+        raise ValueError(f"trajectories {bare} have no response_versions while the others do: a batch carries "
+                         "versions for every trajectory or for none")
 
     rows = []
     for t in trajs:
@@ -108,6 +129,7 @@ def to_tensors(
     action_mask = torch.zeros((B, T), dtype=torch.long)
     logprobs = torch.zeros((B, T), dtype=torch.float32)
     token_rewards = torch.zeros((B, T), dtype=torch.float32)
+    versions = torch.full((B, T), -1, dtype=torch.long)
     for b, ((ids, act, lps, _), t) in enumerate(zip(rows, trajs)):
         n = len(ids)
         sl = slice(0, n) if padding_side == "right" else slice(T - n, T)
@@ -115,6 +137,8 @@ def to_tensors(
         attention_mask[b, sl] = 1
         action_mask[b, sl] = torch.tensor(act, dtype=torch.long)
         logprobs[b, sl] = torch.tensor(lps, dtype=torch.float32)
+        if with_versions:
+            versions[b, sl] = torch.tensor(([-1] * len(t.prompt_ids) + _versions(t))[:n], dtype=torch.long)
         model_pos = action_mask[b].nonzero()
         if len(model_pos):  # the outcome reward sits on the last token the model produced
             token_rewards[b, int(model_pos[-1])] = float(t.reward)
@@ -122,6 +146,7 @@ def to_tensors(
     # cumsum - 1 numbers real tokens from 0 whatever the padding side; padding gets 0 (what HF and veRL expect).
     position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0) * attention_mask
     labels = input_ids.masked_fill(action_mask == 0, IGNORE_INDEX)
+    extra = {"versions": versions} if with_versions else {}
     return {
         "input_ids": input_ids,
         "attention_mask": attention_mask,
@@ -138,6 +163,7 @@ def to_tensors(
         "response_lengths": torch.tensor(
             [len(r[0]) - min(len(t.prompt_ids), len(r[0])) for t, r in zip(trajs, rows)]
         ),
+        **extra,
     }
 
 
