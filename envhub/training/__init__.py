@@ -10,8 +10,9 @@
 - Off-policy corrections for asynchronous training (pure torch, each equal to its source trainer's code):
   :func:`decoupled_ppo_loss`, :func:`loglinear_proximal_logprobs`, :func:`behave_rejection`, :class:`Rejection`
   (AReaL's decoupled PPO, ``envhub.training.decoupled``); :func:`is_weights`, :func:`tis_weights`,
-  :func:`icepop_weights`, :func:`ratio_rejection_mask`, :func:`divergence_rejection_mask` (verl's rollout
-  correction, slime's TIS / IcePop / MIS, ``envhub.training.offpolicy``). Options mapped in ``docs/async.md``.
+  :func:`icepop_weights`, :func:`seq_mask_tis_weights`, :func:`ratio_rejection_mask`,
+  :func:`divergence_rejection_mask` (verl's rollout correction, slime's TIS / IcePop / MIS, OpenRLHF's IS
+  correction, ``envhub.training.offpolicy``). Options mapped in ``docs/async.md``.
 - :class:`RolloutClient` (``envhub.training.client``): the rollout service's client, with retries over several
   servers; :class:`DAPOCollector` (``envhub.training.dapo``): DAPO's dynamic sampling over it, asynchronously.
 
@@ -26,7 +27,8 @@ __all__ = [
     "DAPOCollector", "RolloutClient", "aggregate_loss", "dapo_filter", "dapo_keep", "dr_grpo_advantages", "group_indices", "group_keys",
     "grpo_advantages", "policy_gradient_loss", "rloo_advantages", "to_tensors", "token_logprobs",
     "Rejection", "behave_rejection", "decoupled_ppo_loss", "loglinear_proximal_logprobs",
-    "divergence_rejection_mask", "icepop_weights", "is_weights", "ratio_rejection_mask", "tis_weights",
+    "divergence_rejection_mask", "icepop_weights", "is_weights", "ratio_rejection_mask", "seq_mask_tis_weights",
+    "tis_weights",
 ]
 
 _LAZY = {
@@ -37,7 +39,8 @@ _LAZY = {
     **{name: "envhub.training.decoupled" for name in (
         "Rejection", "behave_rejection", "decoupled_ppo_loss", "loglinear_proximal_logprobs")},
     **{name: "envhub.training.offpolicy" for name in (
-        "divergence_rejection_mask", "icepop_weights", "is_weights", "ratio_rejection_mask", "tis_weights")},
+        "divergence_rejection_mask", "icepop_weights", "is_weights", "ratio_rejection_mask", "seq_mask_tis_weights",
+        "tis_weights")},
 }
 
 

@@ -4,7 +4,8 @@ An asynchronous trainer learns from tokens sampled one, two, η weight versions 
 ``π_θ / π_behave``, so a sample that is already far off-policy is clipped to no gradient at all. Decoupled PPO
 (AReaL, Fu et al. 2025) separates the two roles of the old policy::
 
-    loss = - w_behave · min(r · A, clip(r, 1 - ε, 1 + ε_high) · A),   r = π_θ / π_prox,   w_behave = π_prox / π_behave
+    loss = - w_behave · min(r · A, clip(r, 1 - ε, 1 + ε_high) · A)
+    r = π_θ / π_prox,   w_behave = π_prox / π_behave
 
 The trust region is around ``π_prox`` (the policy one update behind: recomputed with a forward pass, or
 approximated from per-token versions without one), and the importance weight ``w_behave`` corrects the staleness,

@@ -53,6 +53,7 @@ def policy_gradient_loss(
     clip_eps: float = 0.2,
     clip_eps_high: float | None = None,
     mode: str = "token-mean",
+    weights: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """PPO-clip surrogate ``-min(ratio * A, clip(ratio) * A)`` over masked tokens.
 
@@ -63,6 +64,8 @@ def policy_gradient_loss(
         advantages: ``[B]`` one per sequence (broadcast over its tokens) or ``[B, T]`` per token.
         mask: ``[B, T]`` 1 on model tokens (``batch["loss_mask"]``).
         clip_eps / clip_eps_high: the clip range ``[1 - eps, 1 + eps_high]`` (DAPO's clip-higher when they differ).
+        weights: ``[B, T]`` per-token factors on the surrogate (no grad): the train/rollout importance weights of
+            :mod:`envhub.training.offpolicy` (TIS, IcePop, MIS), as verl, slime and OpenRLHF multiply them in.
     """
     import torch  # lazily: importing envhub.training never loads torch by itself
 
@@ -72,4 +75,6 @@ def policy_gradient_loss(
     high = clip_eps if clip_eps_high is None else clip_eps_high
     clipped = ratio.clamp(1.0 - clip_eps, 1.0 + high)
     per_token = -torch.minimum(ratio * advantages, clipped * advantages)
+    if weights is not None:
+        per_token = per_token * weights.detach()
     return aggregate_loss(per_token, mask, mode)

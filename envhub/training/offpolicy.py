@@ -1,4 +1,4 @@
-"""Importance sampling and rejection between the rollout policy and the trainer's: TIS, MIS, ICEPOP (verl, slime).
+"""Importance sampling and rejection between the rollout and the trainer's policy: TIS, MIS, IcePop (verl, slime...).
 
 Tokens come from an inference engine (another numeric stack, and in asynchronous training an older weight
 version); the loss is computed with the trainer's logprobs. The ratio ``ρ = π_train / π_rollout`` per token (or
@@ -11,25 +11,26 @@ per-token policy-gradient loss and a mask to aggregate it with::
                                             option="seq_mean_k3", upper=0.01)
     per_token = pg_losses * w            # then aggregate over `mask`
 
-=========================================  ===================================================  ==========================================
-envhub                                     verl (``algorithm.rollout_correction.*``)             slime
-=========================================  ===================================================  ==========================================
-``tis_weights(upper=C)``                   ``rollout_is=token``, ``rollout_is_threshold=C``      ``--use-tis --tis-clip C``
-``tis_weights(upper=C, lower=c)``          —                                                     ``--use-tis --tis-clip C --tis-clip-low c``
-``icepop_weights(lower=a, upper=b)``       ``rollout_is_threshold="a_b"``                        ``--custom-tis-function-path …icepop_function``
-``is_weights(level=sequence, ...)``        ``rollout_is=sequence``                               MIS ``tis_level: sequence``
-``is_weights(level=geometric, ...)``       —                                                     MIS ``tis_level: geometric``
-``is_weights(mode=clip|mask, ...)``        —                                                     MIS ``tis_mode: clip | mask``
-``is_weights(batch_normalize=True)``       ``rollout_is_batch_normalize=True``                   MIS ``tis_batch_normalize: true``
-``ratio_rejection_mask(...)``              —                                                     MIS ``use_rs``, ``rs_level``, ``rs_*_bound``,
-                                                                                                 ``rs_veto_threshold``
-``divergence_rejection_mask(...)``         ``rollout_rs=<option>``, ``rollout_rs_threshold``     —
-=========================================  ===================================================  ==========================================
+Which trainer option each helper is (verl: ``algorithm.rollout_correction.*``; slime: flags, MIS: its ``mis.yaml``;
+OpenRLHF: ``--algo.advantage.is_correction_*``):
+
+- :func:`tis_weights` ``(upper=C, lower=c)``: verl ``rollout_is=token, rollout_is_threshold=C`` (c = 0); slime
+  ``--use-tis --tis-clip C --tis-clip-low c``; OpenRLHF ``level token, mode clip, threshold c C``.
+- :func:`icepop_weights` ``(lower=a, upper=b)``: verl ``rollout_is_threshold="a_b"``; slime ``--use-tis
+  --tis-clip b --tis-clip-low a --custom-tis-function-path slime.backends.megatron_utils.loss.icepop_function``;
+  OpenRLHF ``level token, mode mask, gating ratio, threshold a b``.
+- :func:`is_weights`: the general form. ``level=sequence``: verl ``rollout_is=sequence``, MIS ``tis_level:
+  sequence``; ``level=geometric``: MIS ``tis_level: geometric``; ``mode=clip | mask``: MIS ``tis_mode``;
+  ``batch_normalize``: verl ``rollout_is_batch_normalize``, MIS ``tis_batch_normalize``.
+- :func:`seq_mask_tis_weights` ``(lower=a, upper=b)``: OpenRLHF ``level seq, mode mask, gating ratio``.
+- :func:`ratio_rejection_mask`: MIS ``use_rs, rs_level, rs_lower_bound, rs_upper_bound, rs_veto_threshold``.
+- :func:`divergence_rejection_mask`: verl ``rollout_rs=<option>, rollout_rs_threshold``.
 
 (slime's MIS is ``examples/train_infer_mismatch_helper/mis.py:compute_mis_weights_with_cp`` given to
 ``--custom-tis-function-path``, configured by its ``mis.yaml``.) Every helper equals the trainer's own function to
-1e-6 on the same tensors: verl's in ``tests/adapters/test_offpolicy_verl.py`` (its installed code), slime's in
-``tests/training/test_offpolicy_reference.py`` (the vendored upstream text).
+1e-6 on the same tensors: verl's in ``tests/adapters/test_offpolicy_trainers.py`` (its installed code), slime's in
+``tests/training/test_offpolicy_reference.py`` (the vendored upstream text); OpenRLHF's ``PolicyLoss`` in
+``tests/adapters/test_offpolicy_trainers.py`` too, through :func:`~envhub.training.policy_gradient_loss`'s ``weights``.
 """
 from __future__ import annotations
 
@@ -40,8 +41,10 @@ if TYPE_CHECKING:
     import torch
 
 SAFETY_BOUND = 20.0
-"""Log ratios are clamped to ±20 before ``exp`` (verl and slime's MIS do the same): ``e^20`` is far above any
-threshold, and ``e^-20`` (2e-9) is 0 for every purpose, so the bound changes no weight by more than 2e-9."""
+"""Log ratios are clamped to ±20 before ``exp``, as verl and slime's MIS do (slime's plain TIS / IcePop and OpenRLHF
+do not): ``e^-20`` (2e-9) is 0 for every purpose and ``e^20`` (5e8) is above every threshold, so only a weight that
+is left untruncated (MIS ``mask`` mode, :func:`seq_mask_tis_weights`) and beyond ``e^20`` differs: a sample that
+far off-policy is noise either way."""
 
 _LEVELS = ("token", "sequence", "geometric")
 _MODES = ("truncate", "clip", "mask", "icepop")
@@ -157,6 +160,20 @@ def icepop_weights(
     rollout_is_threshold="lower_upper"``.
     """
     return is_weights(logprobs, rollout_logprobs, mask, level=level, mode="icepop", upper=upper, lower=lower)[0]
+
+
+def seq_mask_tis_weights(
+    logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, mask: torch.Tensor, *, lower: float = 0.5,
+    upper: float = 5.0,
+) -> torch.Tensor:
+    """Sequence-gated token IS: each token keeps its own ratio ``π_train / π_rollout`` if its sequence's
+    geometric-mean ratio lies in ``[lower, upper]``; every token of a sequence outside it gets 0.
+
+    OpenRLHF ``--algo.advantage.is_correction_level seq`` (``is_correction_mode mask``, ``is_correction_gating
+    ratio``, ``is_correction_threshold lower upper``): its "seq-mask-tis".
+    """
+    token, _ = is_weights(logprobs, rollout_logprobs, mask, level="token", mode="truncate", upper=math.inf)
+    return token * ratio_rejection_mask(logprobs, rollout_logprobs, mask, level="geometric", lower=lower, upper=upper)
 
 
 def ratio_rejection_mask(

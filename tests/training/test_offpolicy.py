@@ -1,7 +1,7 @@
 """The off-policy helpers' own contract: what they reduce to on-policy, and clear errors on bad input.
 
 (Their equality with AReaL, slime and verl is in ``test_offpolicy_reference.py`` and
-``tests/adapters/test_offpolicy_verl.py``.)
+``tests/adapters/test_offpolicy_trainers.py``.)
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 
 from envhub.training import (  # noqa: E402
     Rejection, behave_rejection, decoupled_ppo_loss, divergence_rejection_mask, icepop_weights, is_weights,
-    loglinear_proximal_logprobs, policy_gradient_loss, ratio_rejection_mask, tis_weights,
+    loglinear_proximal_logprobs, policy_gradient_loss, ratio_rejection_mask, seq_mask_tis_weights, tis_weights,
 )
 
 pytestmark = pytest.mark.timeout(60)
@@ -52,6 +52,9 @@ def test_on_policy_every_correction_is_the_identity():
         assert torch.equal(w, mask.float()) and torch.equal(m, mask.float())
     assert torch.equal(tis_weights(same, same, mask), mask.float())
     assert torch.equal(icepop_weights(same, same, mask), mask.float())
+    assert torch.equal(seq_mask_tis_weights(same, same, mask), mask.float())
+    plain = policy_gradient_loss(logp, behave, adv, mask.float())
+    assert torch.equal(policy_gradient_loss(logp, behave, adv, mask.float(), weights=mask.float()), plain)
     assert torch.equal(ratio_rejection_mask(same, same, mask, veto=1e-4), mask.float())
     for option, upper in (("token_k1", 1.01), ("seq_mean_k1", 1.01), ("seq_sum_k2", 0.01), ("seq_max_k3", 0.01)):
         assert torch.equal(divergence_rejection_mask(same, same, mask.float(), option=option, upper=upper),

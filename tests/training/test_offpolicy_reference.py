@@ -3,7 +3,7 @@
 AReaL and slime cannot be installed here; their functions are pure torch, so their text is vendored verbatim at a
 pinned commit (``reference/vendor.py`` regenerates it) and executed: ``compute_prox_logp_approximations``,
 ``apply_rejection_sampling`` and ``ppo_actor_loss_fn`` (AReaL), ``vanilla_tis_function``, ``icepop_function`` and
-MIS's ``compute_mis_weights`` (slime). verl's installed code is compared in ``tests/adapters/test_offpolicy_verl.py``.
+MIS's ``compute_mis_weights`` (slime). verl's installed code is compared in ``tests/adapters/test_offpolicy_trainers.py``.
 
 Every check also runs against mutants of envhub's source (a bound swapped, a mask forgotten, the wrong proximal
 version...) and must fail there: the cases are strong enough to catch the bug each comparison is meant to catch.

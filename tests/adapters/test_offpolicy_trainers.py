@@ -1,10 +1,16 @@
-"""envhub's rollout-correction helpers against veRL's installed code (``verl.trainer.ppo.rollout_corr_helper``).
+"""envhub's rollout-correction helpers against veRL's and OpenRLHF's installed code.
 
+veRL (``verl.trainer.ppo.rollout_corr_helper``):
 ``compute_rollout_correction_and_rejection_mask`` is what veRL's trainer calls for ``algorithm.rollout_correction``
 (``rollout_is``, ``rollout_is_threshold``, ``rollout_is_batch_normalize``, ``rollout_rs``, ``rollout_rs_threshold``);
 envhub's :func:`~envhub.training.is_weights` / :func:`~envhub.training.icepop_weights` /
 :func:`~envhub.training.divergence_rejection_mask` must give the same weights and mask on the same tensors, to
-1e-6, and each check must fail on a mutant of envhub's source. Run in ``.venv-trainers`` (``make test-trainers``).
+1e-6, and each check must fail on a mutant of envhub's source.
+
+OpenRLHF (``openrlhf.models.loss.PolicyLoss`` with ``is_correction_level`` / ``_mode`` / ``_threshold``, gating
+``ratio``): its loss and gradient equal :func:`~envhub.training.policy_gradient_loss` weighted by
+:func:`~envhub.training.tis_weights` (token ``clip``), :func:`~envhub.training.icepop_weights` (token ``mask``) or
+:func:`~envhub.training.seq_mask_tis_weights` (``seq``). Run in ``.venv-trainers`` (``make test-trainers``).
 """
 from __future__ import annotations
 
@@ -21,7 +27,35 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "training"))
 from offpolicy_support import batch, close, crafted, mutant  # noqa: E402
 from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_rejection_mask  # noqa: E402
 
+from envhub.training import loss as pg_loss  # noqa: E402
 from envhub.training import offpolicy  # noqa: E402
+
+
+def openrlhf_policy_loss():
+    """OpenRLHF's installed ``openrlhf/models/loss.py``, executed as is. ``import openrlhf.models`` needs flash-attn
+    and its ``utils`` needs DeepSpeed (GPU packages), so the file is loaded by path into a bare package whose
+    ``utils`` holds only ``masked_mean``, whose text is taken from the installed ``openrlhf/models/utils.py``."""
+    import ast
+    import importlib.util
+    import types
+
+    import openrlhf
+
+    models = Path(openrlhf.__file__).parent / "models"
+    utils_src = (models / "utils.py").read_text()
+    fn = next(n for n in ast.parse(utils_src).body if isinstance(n, ast.FunctionDef) and n.name == "masked_mean")
+    package = types.ModuleType("openrlhf_models_bare")
+    package.__path__ = []
+    utils = types.ModuleType("openrlhf_models_bare.utils")
+    exec("import torch\nfrom typing import Optional\n" + ast.get_source_segment(utils_src, fn), utils.__dict__)  # noqa: S102
+    sys.modules.update({"openrlhf_models_bare": package, "openrlhf_models_bare.utils": utils})
+    spec = importlib.util.spec_from_file_location("openrlhf_models_bare.loss", models / "loss.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.PolicyLoss
+
+
+PolicyLoss = openrlhf_policy_loss()
 
 
 def batches():
@@ -92,6 +126,40 @@ def check_rs_chain(off) -> None:
         assert torch.equal(ours, ref), f"chained rollout_rs, {name}"
 
 
+OPENRLHF_CASES = [  # (is_correction_level, is_correction_mode, (low, high), envhub weights)
+    ("token", "clip", (0.5, 2.0), lambda off, b: off.tis_weights(b["prox"], b["behave"], b["mask"], upper=2.0,
+                                                                  lower=0.5)),
+    ("token", "clip", (0.0, 2.0), lambda off, b: off.tis_weights(b["prox"], b["behave"], b["mask"], upper=2.0)),
+    ("token", "mask", (0.5, 5.0), lambda off, b: off.icepop_weights(b["prox"], b["behave"], b["mask"], lower=0.5,
+                                                                     upper=5.0)),
+    ("seq", "mask", (0.5, 2.0), lambda off, b: off.seq_mask_tis_weights(b["prox"], b["behave"], b["mask"],
+                                                                         lower=0.5, upper=2.0)),
+    ("seq", "mask", (0.8, 1.25), lambda off, b: off.seq_mask_tis_weights(b["prox"], b["behave"], b["mask"],
+                                                                          lower=0.8, upper=1.25)),
+]
+
+
+def check_openrlhf(off, loss_module=pg_loss) -> None:
+    for (name, b), (level, mode, band, weights) in [(x, c) for x in batches() for c in OPENRLHF_CASES]:
+        if not b["mask"].any():
+            continue
+        ref_logp = b["logp"].detach().clone().requires_grad_()
+        ref, *_ = PolicyLoss(clip_eps_low=0.2, clip_eps_high=0.28, is_correction_level=level, is_correction_mode=mode,
+                             is_correction_threshold=band)(ref_logp, b["prox"], b["adv"], action_mask=b["mask"].float(),
+                                                            rollout_log_probs=b["behave"])
+        ref.backward()
+        logp = b["logp"].detach().clone().requires_grad_()
+        ours = loss_module.policy_gradient_loss(logp, b["prox"], b["adv"], b["mask"].float(), clip_eps=0.2,
+                                                clip_eps_high=0.28, weights=weights(off, b))
+        ours.backward()
+        close(ours, ref, f"OpenRLHF is_correction {level}/{mode}/{band}, {name}")
+        close(logp.grad, ref_logp.grad, f"its gradient, {level}/{mode}/{band}, {name}")
+
+
+def test_weighted_pg_loss_equals_openrlhf_policy_loss_with_is_correction():
+    check_openrlhf(offpolicy)
+
+
 def test_is_weights_equal_verl_rollout_is():
     check_is(offpolicy)
 
@@ -128,6 +196,10 @@ MUTANTS = [
      "sequence sum over positions off the mask"),
     (check_rs, '"k3": torch.exp(log_ratio) - 1.0 - log_ratio', '"k3": torch.exp(-log_ratio) - 1.0 + log_ratio',
      "k3 direction"),
+    (check_openrlhf, 'level="geometric", lower=lower, upper=upper)', 'level="sequence", lower=lower, upper=upper)',
+     "seq-mask-tis gated on the sequence product"),
+    (check_openrlhf, 'mode="truncate", upper=math.inf)', 'mode="truncate", upper=upper)',
+     "seq-mask-tis truncates the token weights"),
 ]
 
 
@@ -135,3 +207,8 @@ MUTANTS = [
 def test_each_check_fails_on_a_broken_helper(check, old, new, what):
     with pytest.raises(AssertionError):
         check(mutant(offpolicy, old, new))
+
+
+def test_the_openrlhf_check_fails_when_the_loss_ignores_the_weights():
+    with pytest.raises(AssertionError):
+        check_openrlhf(offpolicy, mutant(pg_loss, "per_token = per_token * weights.detach()", "per_token = per_token"))
