@@ -28,6 +28,7 @@ from envhub.env import Message, Task, TextEnv
 from envhub.failurelog import log_failure
 from envhub.rollout.request import RolloutConfig, RolloutRequest, TaskIndex
 from envhub.rollout.trajectory import Trajectory
+from envhub.rewards import compose, step_components
 from envhub.spec import EnvSpec
 from envhub.verifier import Score, averify
 
@@ -60,6 +61,7 @@ class Episode:
         self.turns: list[tuple[int, int, int]] = []
         self.artifacts: dict[str, Any] | None = None
         self.score: Score | None = None  # the verifier's, after EVAL (``score.crashed``: the grader gave no verdict)
+        self.step_parts: list[dict[str, float]] = []  # each env step's process-reward components (envhub.rewards)
         self.traj = Trajectory(env_id=spec.id, task_id=str(task.get("task_id", "")),
                                policy_version=self.config.policy_version)
         self.traj.metrics.update(init_s=0.0, run_s=0.0, eval_s=0.0, gen_s=0.0, env_s=0.0)
@@ -116,7 +118,13 @@ class Episode:
             return
         async with self._stage("eval_s"):
             self.score = score = await averify(self.spec.verifier, self.task, self.artifacts)
-            self.traj.reward = score.reward + sum(self.traj.step_rewards)
+            # the outcome and the env's step rewards, composed with caps (envhub.rewards: the outcome dominates);
+            # step_rewards become each step's capped share, details["reward"] keeps raw and capped
+            composed = compose(score.reward, self.step_parts, getattr(self.spec, "rewards", None),
+                               response_length=sum(self.traj.response_mask))
+            self.traj.reward = composed.total
+            self.traj.step_rewards[:] = composed.step_rewards
+            self.traj.details["reward"] = composed.to_dict()
             self.traj.passed = score.passed
             self.traj.details["score"] = score.details
         if score.crashed:
@@ -168,6 +176,7 @@ class Episode:
             obs, reward, terminated, truncated, info = await env.astep(action)
             metrics["env_s"] += clock() - t0
             t.step_rewards.append(float(reward))
+            self.step_parts.append(step_components(reward, info))
             if terminated or truncated:
                 self.artifacts = info.get("artifacts") or {}
                 t.finish_reason = "done" if terminated else "max_turns"
