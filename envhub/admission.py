@@ -18,9 +18,10 @@ check                      passes when
                            Unicode look-alikes, reward claims) fails, and no hostile input raises
 ``regrade``                re-grading the recorded artifacts hundreds of times, interleaved, always gives the first
                            verdict (time bombs, leaks, memory of solved tasks; budget in ``envhub.grading``)
-``shaping-hack``           (envs whose golden takes steps before answering) the golden's steps farmed to the turn
-                           budget fail the outcome; ``shaping-hack:total``: with step rewards, their composed total
-                           (``envhub.rewards``: capped) is below the golden's
+``shaping-hack``           (envs whose golden earns step rewards before answering) the golden's steps farmed to the
+                           turn budget fail the outcome (skipped when that rebuilds the golden's own artifacts);
+                           ``shaping-hack:total``: its composed total (``envhub.rewards``: capped) is below the
+                           golden's
 ``hack-probes-declared``   (env-level) the plugin declares hack probes: a warning, unfit under ``strict``
 ``judge-calibration``      (env-level, judged verifiers) agreement and Cohen's kappa on the env's labelled examples
                            reach its declared thresholds; ``judge-position-bias`` for a pairwise judge
@@ -53,8 +54,8 @@ from envhub.env import Action, MessagesSpace, ToolCall
 from envhub.grading import BoundedGrader, Budget, Hung, crashed, detection, regrade
 from envhub.judgeprobes import calibrate, judge_probes
 from envhub.policy import Policy
-from envhub.probes import ANSWER_EDITS, Probe, builtin_probes, farming_probe
-from envhub.rewards import compose, step_components
+from envhub.probes import ANSWER_EDITS, Probe, builtin_probes, farming_probe, shaping_verdict
+from envhub.rewards import step_components
 from envhub.spec import EnvSpec
 from envhub.task import select
 from envhub.verifier import Score, as_verifier
@@ -276,8 +277,8 @@ async def admit_task(spec: EnvSpec, task: dict[str, Any], run, grader: BoundedGr
     for p in probes:
         if not p.skip:
             jobs[f"probe:{p.name}"] = run(p.policy)
-    farm = farming_probe(golden.actions, spec.max_turns) if not golden.error else None
-    if farm is not None and not farm.skip:
+    farm = farming_probe(golden.actions, spec.max_turns) if not golden.error and any(golden.steps) else None
+    if farm is not None and not farm.skip:  # only where the golden earned a step reward: there is one to farm
         jobs["shaping-hack"] = run(farm.policy)  # graded as must-fail with the others; its total: shaping_check
     episodes = {"golden": golden, **dict(zip(jobs, await asyncio.gather(*jobs.values())))}
     async with limit:
@@ -288,21 +289,9 @@ async def admit_task(spec: EnvSpec, task: dict[str, Any], run, grader: BoundedGr
 
 
 def shaping_check(spec: EnvSpec, episodes: dict[str, Playthrough]) -> Check:
-    """``shaping-hack:total``: farming the golden's rewarded steps (the ``shaping-hack`` episode, which must also fail
-    the outcome like every probe) totals less than the golden under the env's reward composition
-    (``envhub.rewards``). Skipped when there is nothing to compare or no step reward was earned."""
-    golden, farm = episodes["golden"], episodes.get("shaping-hack")
-    name = "shaping-hack:total"
-    if farm is None or golden.score is None or farm.score is None:
-        return Check(name, True, "not compared: no farming episode, or one side has no grade", status="skip")
-    if not any(golden.steps) and not any(farm.steps):
-        return Check(name, True, "no step rewards to farm", status="skip")
-    g = compose(golden.score.reward, golden.steps, spec.rewards)
-    f = compose(farm.score.reward, farm.steps, spec.rewards)
-    ok = not farm.score.passed and f.total < g.total
-    return Check(name, ok, f"farming {len(farm.steps)} steps: total {f.total:.3f} (process raw "
-                 f"{f.process_raw:.3f}, capped {f.process:.3f}, passed={farm.score.passed}); golden {g.total:.3f}",
-                 f.total)
+    """``shaping-hack:total`` (:func:`envhub.probes.shaping_verdict`) for one task's episodes."""
+    ok, message, status, total = shaping_verdict(episodes["golden"], episodes.get("shaping-hack"), spec.rewards, _key)
+    return Check("shaping-hack:total", ok, message, total, status)
 
 
 def _grade_task(task: dict[str, Any], episodes: dict[str, Playthrough], probes: list[Probe],
@@ -336,7 +325,8 @@ def _grade_task(task: dict[str, Any], episodes: dict[str, Playthrough], probes: 
         if name in ("golden", "golden-replay"):
             continue
         probe = by_probe.get(name)
-        if probe and not ep.error and golden_key is not None and _key(ep.artifacts) == golden_key:
+        if (probe or name == "shaping-hack") and not ep.error and golden_key is not None \
+                and _key(ep.artifacts) == golden_key:
             checks.append(Check(name, True, "the env turned it into the golden's own artifacts", status="skip"))
             continue
         check = _judge(name, ep, must_pass=False, must_fail=probe.must_fail if probe else True)

@@ -39,6 +39,7 @@ from typing import Any, Callable
 
 from envhub.env import Action, Message, Task, ToolCall, ToolSpec
 from envhub.policy import noop, turns_taken
+from envhub.rewards import compose
 
 NUMBER = re.compile(r"[0-9]+(?:\.[0-9]+)?")  # ASCII digits only: the golden writes ASCII
 MINUS = "\u2212"
@@ -222,6 +223,26 @@ def farming_probe(golden_actions: list[Action], max_turns: int) -> Probe:
         return Probe("shaping-hack", skip="the golden takes no step before its answer: nothing to farm")
     steps = max(1, max_turns - 1)
     return Probe("shaping-hack", [prefix[i % len(prefix)] for i in range(steps)], sent=_describe(prefix[0]))
+
+
+def shaping_verdict(golden: Any, farm: Any, rewards: Any, key: Callable[[dict[str, Any]], str]
+                    ) -> tuple[bool, str, str, float | None]:
+    """``(ok, message, status, farmer's total)`` of admission's ``shaping-hack:total``: the farming episode (the
+    ``shaping-hack`` one, which must also fail the outcome like every probe) totals less than the golden under the
+    env's reward composition (``envhub.rewards.compose``). ``golden`` / ``farm`` are admission's played episodes
+    (``score``, ``steps``, ``artifacts``); ``key`` names artifacts. Skipped when there is nothing to compare, no step
+    reward was earned, or farming rebuilt the golden's own artifacts."""
+    if farm is None or golden.score is None or farm.score is None:
+        return True, "not compared: no farming episode, or one side has no grade", "skip", None
+    if not any(golden.steps) and not any(farm.steps):
+        return True, "no step rewards to farm", "skip", None
+    if key(farm.artifacts) == key(golden.artifacts):
+        return True, "farming rebuilt the golden's own artifacts", "skip", None
+    g = compose(golden.score.reward, golden.steps, rewards)
+    f = compose(farm.score.reward, farm.steps, rewards)
+    ok = not farm.score.passed and f.total < g.total
+    return ok, (f"farming {len(farm.steps)} steps: total {f.total:.3f} (process raw {f.process_raw:.3f}, capped "
+                f"{f.process:.3f}, passed={farm.score.passed}); golden {g.total:.3f}"), "pass" if ok else "fail", f.total
 
 
 def _describe(action: Action) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-import envhub.admission as admission
+import envhub.probes as probes
 from envhub import EnvSpec
 from envhub.admission import admit
 from envhub.grading import Budget
@@ -53,7 +53,7 @@ def uncapped(outcome, steps, config=None, **kw):
 
 def test_without_the_caps_the_farmer_outranks_the_golden(monkeypatch):
     """Break it on purpose: composition without caps (the pre-#30 executor's ``reward + sum(step_rewards)``)."""
-    monkeypatch.setattr(admission, "compose", uncapped)
+    monkeypatch.setattr(probes, "compose", uncapped)
     report = admit(spec(), budget=BUDGET)
     assert not report.fit
     assert all(not c.ok for c in check(report, "shaping-hack:total"))
