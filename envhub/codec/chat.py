@@ -99,7 +99,8 @@ class ChatCodec:
         """A codec cached per (tokenizer, tools, parser): building one probes the template (milliseconds), and what
         it learns (end-of-turn token, verified window, frames) holds for every conversation with that template."""
         per_tok = _SHARED.setdefault(tokenizer, {})
-        key = (json.dumps(tool_dicts(tools), sort_keys=True), parser if isinstance(parser, str) else id(parser))
+        # the key keeps the tools' key order: two lists that differ only in it render differently (tojson)
+        key = (json.dumps(tool_dicts(tools)), parser if isinstance(parser, str) else id(parser))
         codec = per_tok.get(key)
         if codec is None:
             if len(per_tok) >= MAX_SHARED:  # a client varying its tools on every call must not grow memory

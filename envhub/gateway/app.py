@@ -22,8 +22,10 @@ works unchanged; admin routes need the admin key (``--token``) when one is set:
                                       409 key bound to an active session, 400 admin key as session key)
 ``POST /rl/set_reward``               session: ``{interaction_id?, reward}`` → ``{"message": "success"}``
 ``POST /rl/end_session``              session: → ``{"message": "success", "interaction_count": n}`` (410 twice)
-``POST /export_trajectories``         admin: ``{session_id, discount, style}``; waits for the session to end, then
-                                      AReaL's serialized interactions (:mod:`envhub.gateway.areal`) and forgets it
+``POST /export_trajectories``         admin: ``{session_id, discount, style}``; checks them (400), waits for the
+                                      session to end, then AReaL's serialized interactions (:mod:`envhub.gateway.areal`)
+                                      and forgets it. Only a delivered export forgets: a bad request, a failed export,
+                                      a client that leaves or a gateway that stops (503) while it waits keep the session
 ====================================  ==============================================================================
 
 envhub's own session API (admin): ``POST /sessions`` ``{task_id?}`` → ``{session_id, api_key}``;
@@ -46,13 +48,14 @@ import contextlib
 import hmac
 import json
 import logging
+import math
 from typing import Any
 
 from envhub.gateway import areal
-from envhub.gateway.builders import build, summary
+from envhub.gateway.builders import BUILDERS, REWARD_MODES, build, summary
 from envhub.gateway.core import Gateway, UpstreamError
 from envhub.gateway.dialects import anthropic, chat, responses
-from envhub.gateway.messages import BadRequest
+from envhub.gateway.messages import BadRequest, ContextLengthExceeded
 from envhub.rollout.staleness import GateError, NoCapacity, http_route
 from envhub.http.limits import DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, BodyRefused, RequestGuard, read_body
 
@@ -77,6 +80,14 @@ class GatewayApp:
         self.gw, self.admin_key, self.model_name = gateway, admin_key, model_name
         self.model_only = model_only  # what a sandboxed agent reaches: model routes only (no rewards, no sessions)
         self.max_body, self.body_timeout = int(max_body_bytes), float(body_timeout_s)
+        self._stopping = asyncio.Event()  # set by stop(): every wait of a request ends (uvicorn's shutdown waits for them)
+        self.waiting = 0  # requests waiting for a session's end (exports)
+
+    def stop(self) -> None:
+        """End every wait at once (the server calls this when it begins to shut down): an export waiting for a
+        session's end answers 503 and keeps the session. Without it, uvicorn's graceful shutdown waits for that
+        request, i.e. for a session that may never end, and the first Ctrl-C does nothing."""
+        self._stopping.set()
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
@@ -116,7 +127,10 @@ class GatewayApp:
                 return await _send(send, 200, {"input_tokens": self.gw.count_tokens(req)})
             if self.model_only:
                 raise HTTPError(404, f"POST {path} is not served here (model routes only)")
-            return await _send(send, 200, await self._control(path, body, key))
+            return await _send(send, 200, await self._control(path, body, key, receive))
+        except ContextLengthExceeded as e:  # each provider's own words: what agents look for to compact
+            err = HTTPError(400, anthropic.too_long(e.tokens, e.limit) if dialect is anthropic else str(e),
+                            param=e.param, code=e.code)
         except BadRequest as e:
             err = HTTPError(e.status, str(e), param=e.param, code=e.code)
         except HTTPError as e:
@@ -140,8 +154,8 @@ class GatewayApp:
         if raw is None:  # the client went away while sending
             raise asyncio.CancelledError
         try:
-            body = json.loads(raw) if raw else {}
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            body = json.loads(raw, parse_constant=_not_json) if raw else {}
+        except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, NaN / Infinity (Python's json reads them)
             raise HTTPError(400, f"the body is not valid JSON: {e}") from None
         if not isinstance(body, dict):
             raise HTTPError(400, f"the body must be a JSON object, got {type(body).__name__}")
@@ -208,7 +222,29 @@ class GatewayApp:
             return summary(self._session_by_id(path.split("/")[2]))
         raise HTTPError(404, f"GET {path} is not served")
 
-    async def _control(self, path: str, body: dict[str, Any], key: str | None) -> dict[str, Any]:
+    async def _wait_for_end(self, session: Any, receive: Any) -> None:
+        """Wait until ``session`` ends (AReaL's export contract), but not past the client's leaving (nothing is
+        sent; the session is kept) or the gateway's stop (503; the session is kept)."""
+        assert session.ended_event is not None
+        if session.ended:
+            return
+        waits = [asyncio.ensure_future(w) for w in (session.ended_event.wait(), self._stopping.wait(),
+                                                     _disconnected(receive))]
+        self.waiting += 1
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            self.waiting -= 1
+            for w in waits:
+                w.cancel()
+        if session.ended:
+            return
+        if waits[2].done():  # the client went away: nobody to answer
+            raise asyncio.CancelledError
+        raise HTTPError(503, f"the gateway is shutting down: session {session.session_id} has not ended, nothing was "
+                             "exported (the session is kept until the gateway exits)")
+
+    async def _control(self, path: str, body: dict[str, Any], key: str | None, receive: Any = None) -> dict[str, Any]:
         gw = self.gw
         if path == "/grant_capacity":  # a grant is an admission by the staleness gate (429 when it has no room)
             self._admin(key)
@@ -226,16 +262,17 @@ class GatewayApp:
             return {"session_id": session.session_id, "api_key": session.api_key}
         if path == "/rl/set_version":
             self._admin(key)
-            gw.policy_version = int(body.get("version", gw.policy_version + 1))
+            version = body.get("version", gw.policy_version + 1)
+            if isinstance(version, bool) or not isinstance(version, int):
+                raise HTTPError(400, f"version must be an integer, got {version!r}", param="version")
+            gw.policy_version = version
             return {"version": gw.policy_version}
         if path == "/rl/set_reward":
             session = self._session(key)
             if session.ended:
                 raise HTTPError(410, f"Session {session.session_id} already ended or expired")
-            reward = body.get("reward")
-            if isinstance(reward, bool) or not isinstance(reward, (int, float)):
-                raise HTTPError(400, "reward (a number) is required", param="reward")
-            gw.set_reward(session, float(reward), body.get("interaction_id"))
+            reward = _number(body, "reward", None)
+            gw.set_reward(session, reward, body.get("interaction_id"))
             return {"message": "success"}
         if path == "/rl/end_session":
             session = self._session(key)
@@ -245,19 +282,20 @@ class GatewayApp:
             return {"message": "success", "interaction_count": sum(c.ok for c in session.calls)}
         if path == "/export_trajectories":
             self._admin(key)
+            # everything is checked before the wait and before anything is consumed: a bad request loses nothing
+            style = _choice(body, "style", areal.STYLES)
+            discount = _number(body, "discount", 1.0)
             session = self._session_by_id(str(body.get("session_id")))
-            assert session.ended_event is not None
-            await session.ended_event.wait()  # AReaL blocks until the session ends
-            try:
-                return {"interactions": areal.export(session, discount=float(body.get("discount", 1.0)),
-                                                     style=str(body.get("style", "individual")))}
-            finally:
-                gw.drop_session(session)
+            await self._wait_for_end(session, receive)  # AReaL blocks until the session ends
+            out = {"interactions": areal.export(session, discount=discount, style=style)}
+            gw.drop_session(session)  # only once the export exists: a failed one leaves the session to ask again
+            return out
         if path.startswith("/sessions/") and path.endswith("/trajectories"):
             self._admin(key)
+            builder, reward = _choice(body, "builder", BUILDERS), _choice(body, "reward", REWARD_MODES)
+            discount = _number(body, "discount", 1.0)
             session = self._session_by_id(path.split("/")[2])
-            trajs = build(session, str(body.get("builder", "prefix_merging")), reward=str(body.get("reward", "outcome")),
-                          discount=float(body.get("discount", 1.0)))
+            trajs = build(session, builder, reward=reward, discount=discount)
             return {"trajectories": [t.to_dict() for t in trajs], "summary": summary(session)}
         if path.startswith("/staleness"):  # the trainer's version and consumption, the gate's settings
             self._admin(key)
@@ -272,6 +310,26 @@ class GatewayApp:
         if out is None:
             raise HTTPError(404, f"{method} {path} is not served")
         return out
+
+
+def _not_json(constant: str) -> Any:
+    raise ValueError(f"{constant} is not a JSON value (a NaN or infinite number would make the export invalid JSON)")
+
+
+def _number(body: dict[str, Any], name: str, default: float | None) -> float:
+    """A finite number field (``default`` when absent; required when ``default`` is None)."""
+    v = body.get(name, default) if default is not None else body.get(name)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise HTTPError(400, f"{name} must be a finite number, got {v!r}", param=name)
+    return float(v)
+
+
+def _choice(body: dict[str, Any], name: str, options: tuple[str, ...]) -> str:
+    """One of ``options`` (the first is the default)."""
+    v = body.get(name, options[0])
+    if v not in options:
+        raise HTTPError(400, f"{name} must be one of {', '.join(map(repr, options))}; got {v!r}", param=name)
+    return str(v)
 
 
 async def _disconnected(receive: Any) -> None:

@@ -25,6 +25,7 @@ import numpy as np
 from envhub.gateway.builders import call_rewards, per_request, prefix_merging
 from envhub.gateway.records import Session
 
+STYLES = ("individual", "concat")  # the first is the default
 _DTYPES = {"torch.int64": np.dtype("<i8"), "torch.float32": np.dtype("<f4"), "torch.bool": np.dtype("bool")}
 
 
@@ -52,7 +53,7 @@ def tensor_dict(prompt_ids: list[int], response_ids: list[int], mask: list[int],
 
 
 def export(session: Session, *, discount: float = 1.0, style: str = "individual") -> dict[str, Any]:
-    if style not in ("individual", "concat"):
+    if style not in STYLES:
         raise ValueError(f"style must be 'individual' or 'concat', got {style!r}")
     rewards = call_rewards(session, "discount", discount)
     trajs = per_request(session, reward="discount", discount=discount) if style == "individual" else \

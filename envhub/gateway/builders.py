@@ -33,7 +33,8 @@ from envhub.gateway.records import CallRecord, Session
 from envhub.rollout.trajectory import Trajectory
 
 log = logging.getLogger(__name__)
-BUILDERS = ("per_request", "prefix_merging")
+BUILDERS = ("prefix_merging", "per_request")   # the first is the default
+REWARD_MODES = ("outcome", "discount")
 
 
 def call_rewards(session: Session, mode: str = "outcome", discount: float = 1.0) -> dict[str, float]:

@@ -18,13 +18,14 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from envhub.backends.base import LLMBackend, SamplingParams
 from envhub.gateway.matching import resolve
-from envhub.gateway.messages import BadRequest, prepare
+from envhub.gateway.messages import BadRequest, ContextLengthExceeded, prepare
 from envhub.gateway.records import CallRecord, Session, new_id, new_key
 from envhub.rollout.staleness import Lease, NoCapacity, StalenessGate
 
@@ -71,20 +72,29 @@ class Gateway:
         backend: any :class:`LLMBackend`.
         tokenizer: the model's tokenizer (its chat template renders every prompt).
         parser: tool-call parser name (``"auto"``: from the template).
-        max_model_len: prompt + completion budget; longer prompts get the provider's context-length error.
+        max_model_len: prompt + completion budget, capped by the backend's own context when it knows it
+            (:func:`~envhub.gateway.context.backend_context`); a longer prompt gets the provider's context-length
+            error (400) before the backend is called.
         default_max_tokens: completion budget when the request names none.
         drift_every: compare a canonical rendering with the spliced prompt on every n-th spliced call (0: never).
         session_timeout_s: sessions idle this long are dropped when new ones start (AReaL: one hour).
         capacity: sessions granted at start (AReaL's ``/grant_capacity`` counter), as grants of the gate.
         gate: the :class:`~envhub.rollout.staleness.StalenessGate` every session is admitted by (a rollout service
             passes its own: one gate for jobs and sessions). Default: a gate with no bound, which only counts.
+        system_tool_list: for a chat template that does not render tools (SmolLM2's), append the tool list to the
+            system message. Off by default: vLLM's server then renders no tool definitions, and a policy must be
+            trained on the prompts it will be served (docs/decisions.md, #28).
     """
 
     def __init__(self, backend: LLMBackend, tokenizer: Any, *, parser: str = "auto", max_model_len: int = 32768,
                  default_max_tokens: int = 1024, drift_every: int = 8, session_timeout_s: float = 3600.0,
-                 capacity: int | None = None, gate: StalenessGate | None = None):
+                 capacity: int | None = None, gate: StalenessGate | None = None, system_tool_list: bool = False):
+        from envhub.gateway.context import backend_context
+
         self.backend, self.tokenizer, self.parser = backend, tokenizer, parser
-        self.max_model_len, self.default_max_tokens = int(max_model_len), int(default_max_tokens)
+        own = backend_context(backend)
+        self.max_model_len = min(int(max_model_len), own) if own else int(max_model_len)
+        self.default_max_tokens, self.system_tool_list = int(default_max_tokens), bool(system_tool_list)
         self.drift_every, self.session_timeout_s = int(drift_every), float(session_timeout_s)
         self.gate = gate if gate is not None else StalenessGate()
         self.leases: dict[str, tuple[Lease, bool]] = {}  # session id -> (its admission, released by the gateway)
@@ -168,6 +178,8 @@ class Gateway:
             self.drop_session(s)
 
     def set_reward(self, session: Session, reward: float, call_id: str | None = None) -> CallRecord:
+        if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
+            raise BadRequest(f"reward must be a finite number, got {reward!r}", param="reward")
         done = [c for c in session.calls if c.ok]
         if call_id is None:
             if not done:
@@ -220,9 +232,8 @@ class Gateway:
         except ChatTemplateError as e:
             raise BadRequest(f"the model's chat template cannot render this conversation: {e}") from e
         room = self.max_model_len - len(prompt)
-        if room <= 0:
-            raise BadRequest(f"this model's maximum context length is {self.max_model_len} tokens; the messages "
-                             f"take {len(prompt)}", code="context_length_exceeded")
+        if room <= 0:  # before any backend call: the client must shorten its history, not retry
+            raise ContextLengthExceeded(len(prompt), self.max_model_len)
         params = req.params
         params.max_tokens = min(params.max_tokens if req.max_tokens_given else self.default_max_tokens, room)
         call = CallRecord(call_id=new_id(_ID_PREFIX.get(req.dialect, "call-")), dialect=req.dialect,
@@ -274,7 +285,7 @@ class Gateway:
             history, new, sampled_eos=codec.ends_turn(parent.sampled_ids))
 
     def _opening(self, codec: Any, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        note = codec.tool_prompt()
+        note = codec.tool_prompt() if self.system_tool_list else None
         if not note:
             return messages
         from envhub.codec.messages import with_system_note
@@ -302,4 +313,6 @@ _ID_PREFIX = {"chat": "chatcmpl-", "responses": "resp_", "anthropic": "msg_"}
 
 
 def tools_key(tools: list[dict[str, Any]] | None) -> str:
-    return json.dumps(tools or [], sort_keys=True, separators=(",", ":"))
+    """The tools as rendered: JSON in the request's own key order (never sorted: a template that ``tojson``s a tool
+    renders its keys in that order, and the trajectory stores this string for the fidelity check to re-render)."""
+    return json.dumps(tools or [], ensure_ascii=False)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from envhub.gateway.matching import text_of
 
 
 class BadRequest(ValueError):
@@ -23,6 +22,48 @@ class BadRequest(ValueError):
     def __init__(self, message: str, *, param: str | None = None, status: int = 400, code: str | None = None):
         super().__init__(message)
         self.param, self.status, self.code = param, status, code
+
+
+class ContextLengthExceeded(BadRequest):
+    """The prompt does not fit the model's context: each dialect words it as its provider does (OpenAI's
+    ``context_length_exceeded``, Anthropic's ``prompt is too long``), the text agents look for to compact."""
+
+    def __init__(self, tokens: int, limit: int):
+        super().__init__(f"This model's maximum context length is {limit} tokens. However, your messages resulted "
+                         f"in {tokens} tokens. Please reduce the length of the messages.", param="messages",
+                         code="context_length_exceeded")
+        self.tokens, self.limit = tokens, limit
+
+
+TEXT_PARTS = ("text", "input_text", "output_text")
+BILLING_HEADER = "x-anthropic-billing-header"
+
+
+def content_text(content: Any, where: str) -> str:
+    """Message content as the text a chat template renders, the way vLLM's server flattens it: a string as is,
+    ``None`` as ``""``, text parts joined with ``"\n"``. A part that is not text (an image, audio, a file) is refused:
+    the gateway serves text models, and dropping it would answer a question the client never asked."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise BadRequest(f"{where} must be a string or a list of content parts, got {type(content).__name__}",
+                         param=where)
+    texts = []
+    for j, part in enumerate(content):
+        if isinstance(part, str):
+            texts.append(part)
+            continue
+        kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+        if kind not in TEXT_PARTS and not (isinstance(part, dict) and kind is None and "text" in part):
+            raise BadRequest(f"{where}[{j}] is a {kind!r} part: this gateway serves text only (text parts: "
+                             f"{', '.join(TEXT_PARTS)}); send the content as text", param=f"{where}[{j}]")
+        text = part.get("text")
+        if not isinstance(text, str):
+            raise BadRequest(f"{where}[{j}].text must be a string", param=f"{where}[{j}].text")
+        texts.append(text)
+    return "\n".join(texts)
 
 
 def tool_call(call_id: str, name: str, arguments: Any) -> dict[str, Any]:
@@ -40,7 +81,13 @@ def _clean(m: Any, i: int) -> dict[str, Any]:
     if role not in ("system", "user", "assistant", "tool"):
         raise BadRequest(f"messages[{i}].role must be system, developer, user, assistant or tool; got {role!r}",
                          param=f"messages[{i}].role")
-    out: dict[str, Any] = {"role": role, "content": text_of(m.get("content"))}
+    out: dict[str, Any] = {"role": role, "content": content_text(m.get("content"), f"messages[{i}].content")}
+    if role == "system" and out["content"].startswith(BILLING_HEADER):
+        # Claude Code's per-request attribution line: vLLM's server drops it from system text (it would defeat the
+        # prefix cache), so the gateway renders the system prompt without it too
+        out["content"] = out["content"].partition("\n")[2]
+    if isinstance(m.get("name"), str) and role != "tool":
+        out["name"] = m["name"]  # vLLM keeps a message's name for the template
     if role == "assistant" and m.get("tool_calls"):
         calls = []
         for j, c in enumerate(m["tool_calls"]):

@@ -22,7 +22,7 @@ class CallRecord:
     prompt_ids: list[int]
     request: list[dict[str, Any]]     # the messages the client sent (after dialect translation): echo matching
     context: list[dict[str, Any]]     # the messages the prompt renders (trainer-visible context)
-    tools_key: str                    # canonical JSON of the tools (a call with other tools cannot extend this one)
+    tools_key: str                    # the tools as rendered, JSON in their key order (other tools: no extension)
     parent: str | None = None         # call_id of the call this one extends
     break_reason: str | None = None   # why this call starts a new chain (None when it extends one)
     sampled_ids: list[int] = field(default_factory=list)

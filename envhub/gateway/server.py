@@ -1,13 +1,27 @@
 """Serving the gateway: :func:`serve` (what ``envhub gateway`` runs) and :class:`GatewayThread` (in-process, real
 HTTP on loopback: tests, notebooks, the harness envs). Same server as the rollout service: uvicorn with the h11
 protocol under a connection cap and a request-head deadline (:mod:`envhub.http.limits`); loopback by default,
-a token required on any other address."""
+a token required on any other address.
+
+Shutdown: the first SIGINT/SIGTERM stops every wait for a session's end at once (such an export answers 503 and
+keeps its session), gives in-flight model calls ``GRACEFUL_SHUTDOWN_S`` to finish, then cancels them.
+"""
 from __future__ import annotations
 
+import functools
+import socket
 from typing import Any
 
 from envhub.gateway.core import Gateway
 from envhub.http.server import ServerThread, bind, check_binding, raise_fd_limit, serve_until_stopped
+
+GRACEFUL_SHUTDOWN_S = 30.0
+TOKEN_FLAG, TOKEN_ENV = "envhub gateway --token", "ENVHUB_GATEWAY_TOKEN"
+
+
+def check_gateway_binding(host: str, token: str | None) -> None:
+    """Refuse a non-loopback address without an admin key, naming the gateway's flag and variable."""
+    check_binding(host, token, flag=TOKEN_FLAG, env=TOKEN_ENV)
 
 
 def make_server(gateway: Gateway, *, host: str = "127.0.0.1", port: int = 0, token: str | None = None,
@@ -19,15 +33,35 @@ def make_server(gateway: Gateway, *, host: str = "127.0.0.1", port: int = 0, tok
     from envhub.gateway.app import GatewayApp
     from envhub.http import limits
 
-    check_binding(host, token)
+    check_gateway_binding(host, token)
     app = GatewayApp(gateway, admin_key=token, model_name=model_name,
                      max_body_bytes=max_body_bytes or limits.DEFAULT_MAX_BODY_BYTES,
                      body_timeout_s=body_timeout_s or limits.DEFAULT_BODY_TIMEOUT_S, model_only=model_only)
     http = limits.protocol_class(max_connections or limits.default_max_connections(),
                                  header_timeout_s or limits.DEFAULT_HEADER_TIMEOUT_S)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, http=http, timeout_keep_alive=120,
-                            access_log=False, lifespan="on", backlog=4096)
-    return uvicorn.Server(config)
+                            access_log=False, lifespan="on", backlog=4096,
+                            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
+    return _server_class()(config, app)
+
+
+@functools.lru_cache(maxsize=1)
+def _server_class() -> Any:
+    import uvicorn  # here, not at import: importing the gateway loads no HTTP server
+
+    class Server(uvicorn.Server):
+        """uvicorn's server, telling the app when shutdown begins: uvicorn tells an app only after every request has
+        finished, and an export waits for a session's end that may never come."""
+
+        def __init__(self, config: Any, app: Any):
+            super().__init__(config)
+            self.gateway_app = app
+
+        async def shutdown(self, sockets: Any = None) -> None:
+            self.gateway_app.stop()
+            await super().shutdown(sockets)
+
+    return Server
 
 
 class GatewayThread(ServerThread):
@@ -39,6 +73,9 @@ class GatewayThread(ServerThread):
 
 
 def serve(gateway: Gateway, *, host: str = "127.0.0.1", port: int = 8090, token: str | None = None,
-          on_ready: Any = None, **kw: Any) -> None:
+          on_ready: Any = None, sock: socket.socket | None = None, **kw: Any) -> None:
+    """Serve until SIGINT/SIGTERM. ``sock``: a socket already bound to ``host:port`` (``envhub gateway`` binds
+    before loading the model, so a busy port is reported at once)."""
     raise_fd_limit()
-    serve_until_stopped(make_server(gateway, host=host, port=port, token=token, **kw), bind(host, port), on_ready)
+    server = make_server(gateway, host=host, port=port, token=token, **kw)
+    serve_until_stopped(server, sock or bind(host, port), on_ready)

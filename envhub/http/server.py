@@ -21,10 +21,12 @@ def is_loopback(host: str) -> bool:
     return is_loopback_name(host)
 
 
-def check_binding(host: str, token: str | None) -> None:
+def check_binding(host: str, token: str | None, *, flag: str = "envhub serve --token",
+                  env: str = "ENVHUB_SERVICE_TOKEN") -> None:
+    """Refuse a non-loopback ``host`` without a token; the message names the server's own ``flag`` and ``env``."""
     if not is_loopback(host) and not token:
-        raise ValueError(f"refusing to serve on {host} without a bearer token: pass a token (envhub serve --token, "
-                         "or ENVHUB_SERVICE_TOKEN), or bind to 127.0.0.1")
+        raise ValueError(f"refusing to serve on {host} without a bearer token: pass a token ({flag}, or {env}), "
+                         "or bind to 127.0.0.1")
 
 
 def bind(host: str, port: int) -> socket.socket:

@@ -13,8 +13,7 @@ from typing import Any
 
 from envhub.gateway.core import ChatRequest, ChatResult
 from envhub.gateway.dialects import chat, refuse_choices, sampling, sse
-from envhub.gateway.matching import text_of
-from envhub.gateway.messages import BadRequest, tool_call
+from envhub.gateway.messages import BILLING_HEADER, BadRequest, content_text, tool_call
 
 NAME = "anthropic"
 _DROPPED_BLOCKS = ("thinking", "redacted_thinking")
@@ -28,12 +27,43 @@ def _blocks(content: Any, where: str) -> list[dict[str, Any]]:
     return [b for b in content if isinstance(b, dict)]
 
 
-def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
+def _system(body: dict[str, Any]) -> str:
+    """The ``system`` field as vLLM's Anthropic route joins it: text blocks concatenated, empty ones and Claude
+    Code's billing-header block left out."""
     system = body.get("system")
+    if not system:
+        return ""
+    if isinstance(system, str):
+        return system
+    parts = []
+    for j, b in enumerate(_blocks(system, "system")):
+        if b.get("type") != "text":
+            raise BadRequest(f"system[{j}] is a {b.get('type')!r} block; system takes text blocks only",
+                             param=f"system[{j}]")
+        text = b.get("text")
+        if isinstance(text, str) and text and not text.startswith(BILLING_HEADER):
+            parts.append(text)
+    return "".join(parts)
+
+
+def _tool_result(b: dict[str, Any], where: str) -> str:
+    """A ``tool_result``'s content as text (text blocks joined with ``"\n"``, as vLLM does); an image or any other
+    block is refused, never dropped."""
+    content = b.get("content")
+    if content is None or isinstance(content, str):
+        return content or ""
+    return content_text(_blocks(content, where), f"{where}.content")
+
+
+def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """Anthropic messages as chat messages, block for block as vLLM's ``/v1/messages`` converts them (so the prompt
+    is the one vLLM's server renders): ``tool_result`` blocks become ``tool`` messages where they stand (before the
+    text of the same turn); text blocks are joined with ``"\n"`` (empty ones skipped); ``tool_use`` blocks become
+    the assistant's tool calls. An ``is_error`` result is rendered as its text, as vLLM renders it."""
+    out: list[dict[str, Any]] = []
+    system = _system(body)
     if system:
-        text = system if isinstance(system, str) else "\n\n".join(text_of([b]) for b in _blocks(system, "system"))
-        out.append({"role": "system", "content": text})
+        out.append({"role": "system", "content": system})
     msgs = body.get("messages")
     if not isinstance(msgs, list) or not msgs:
         raise BadRequest("messages must be a non-empty list", param="messages")
@@ -42,15 +72,16 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
         if role not in ("user", "assistant", "system"):
             raise BadRequest(f"messages[{i}].role must be user or assistant, got {role!r}", param=f"messages[{i}]")
         texts, calls = [], []
-        for b in _blocks(m.get("content"), f"messages[{i}]"):
-            kind = b.get("type")
+        for j, b in enumerate(_blocks(m.get("content"), f"messages[{i}]")):
+            kind, where = b.get("type"), f"messages[{i}].content[{j}]"
             if kind == "text":
-                texts.append(str(b.get("text") or ""))
+                if not isinstance(b.get("text"), str):
+                    raise BadRequest(f"{where}.text must be a string", param=where)
+                if b["text"]:
+                    texts.append(b["text"])
             elif kind == "tool_result" and role == "user":
-                content = b.get("content")
-                text = content if isinstance(content, str) else text_of(_blocks(content or [], f"messages[{i}]"))
                 out.append({"role": "tool", "tool_call_id": str(b.get("tool_use_id") or ""),
-                            "content": ("[error] " if b.get("is_error") else "") + text})
+                            "content": _tool_result(b, where)})
             elif kind == "tool_use" and role == "assistant":
                 calls.append(tool_call(str(b.get("id") or ""), str(b.get("name") or ""), b.get("input") or {}))
             elif kind in _DROPPED_BLOCKS:
@@ -58,25 +89,38 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
             else:
                 raise BadRequest(f"messages[{i}] has a {kind!r} block, which this gateway does not serve (text, "
                                  "tool_use, tool_result, thinking)", param=f"messages[{i}].content")
-        if role == "assistant":
-            msg: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
+        if role == "system":
+            text = "".join(t for t in texts if not t.startswith(BILLING_HEADER))
+            if text:
+                out.append({"role": "system", "content": text})
+        elif role == "assistant":
+            msg: dict[str, Any] = {"role": "assistant", "content": "\n".join(texts)}
             if calls:
                 msg["tool_calls"] = calls
             out.append(msg)
-        elif texts or role == "system":
-            out.append({"role": role, "content": "\n".join(texts) if role == "system" else "".join(texts)})
+        elif texts:
+            out.append({"role": role, "content": "\n".join(texts)})
     return out
 
 
 def _tools(tools: Any) -> list[dict[str, Any]] | None:
-    """Custom tools as chat tools; server tools (``web_search_...``, ``bash_...``: a ``type`` other than ``custom``)
-    are left out. Anthropic's ``input_schema`` is the function's ``parameters``."""
+    """Custom tools as the chat tools vLLM's Anthropic route builds (``input_schema`` is the function's
+    ``parameters``; ``description``, ``strict``, ``defer_loading`` kept as vLLM keeps them); server tools
+    (``web_search_...``, ``bash_...``: a ``type`` other than ``custom``) are left out."""
     if not isinstance(tools, list):
         return chat.function_tools(tools)  # None, or the error for a non-list
-    flat = [{"type": "function", "name": t.get("name"), "description": t.get("description"),
-             "parameters": t.get("input_schema") or {"type": "object"}}
-            if isinstance(t, dict) and t.get("type") in (None, "custom") else {"type": "server-tool"} for t in tools]
-    return chat.function_tools(flat, flat=True)
+    out = []
+    for i, t in enumerate(tools):
+        if not isinstance(t, dict) or t.get("type") not in (None, "custom"):
+            continue
+        if not isinstance(t.get("name"), str) or not t["name"]:
+            raise BadRequest(f"tools[{i}].name is required", param=f"tools[{i}].name")
+        if not isinstance(t.get("input_schema"), dict):
+            raise BadRequest(f"tools[{i}].input_schema (an object) is required", param=f"tools[{i}].input_schema")
+        fn = {"name": t["name"], "description": t.get("description"), "parameters": t["input_schema"],
+              "strict": t.get("strict"), "defer_loading": t.get("defer_loading")}
+        out.append(chat.vllm_tool(fn, None, f"tools[{i}]"))
+    return out or None
 
 
 def parse(body: dict[str, Any], *, counting: bool = False) -> ChatRequest:
@@ -141,8 +185,17 @@ def stream(r: ChatResult, req: ChatRequest, body: dict[str, Any]) -> list[bytes]
     return out
 
 
+def too_long(tokens: int, limit: int) -> str:
+    """Anthropic's own message for a prompt over the context (Claude Code compacts its history on it)."""
+    return f"prompt is too long: {tokens} tokens > {limit} maximum"
+
+
+ERROR_TYPES = {401: "authentication_error", 402: "billing_error", 403: "permission_error", 404: "not_found_error",
+               413: "request_too_large", 429: "rate_limit_error", 504: "timeout_error", 529: "overloaded_error"}
+
+
 def error(status: int, message: str, *, param: str | None = None, code: str | None = None) -> dict[str, Any]:
-    kind = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-            404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
-            529: "overloaded_error"}.get(status, "api_error")
+    """Anthropic's error body (its documented types by status; any other 4xx is ``invalid_request_error``, any other
+    5xx ``api_error``)."""
+    kind = ERROR_TYPES.get(status) or ("invalid_request_error" if 400 <= status < 500 else "api_error")
     return {"type": "error", "error": {"type": kind, "message": message}}

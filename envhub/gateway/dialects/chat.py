@@ -12,9 +12,10 @@ NAME = "chat"
 
 
 def function_tools(tools: Any, *, flat: bool = False) -> list[dict[str, Any]] | None:
-    """OpenAI function tools (``flat``: the Responses API's ``{type, name, parameters}``) as chat tool dicts. Other
-    tool types (hosted ``web_search``, Codex's ``namespace`` and ``custom`` tools) have no meaning for a local model
-    and are left out, as Polar and AReaL do."""
+    """OpenAI function tools (``flat``: the Responses API's ``{type, name, parameters}``) as the tool dicts vLLM's
+    server renders: each field vLLM keeps, in its order (``vllm_tool``). Other tool types (hosted ``web_search``,
+    Codex's ``namespace`` and ``custom`` tools) have no meaning for a local model and are left out, as vLLM, Polar
+    and AReaL do."""
     if tools is None:
         return None
     if not isinstance(tools, list):
@@ -23,13 +24,32 @@ def function_tools(tools: Any, *, flat: bool = False) -> list[dict[str, Any]] | 
     for i, t in enumerate(tools):
         if not isinstance(t, dict) or t.get("type", "function") != "function":
             continue
-        fn = t if flat else t.get("function")
+        fn = {k: v for k, v in t.items() if k != "type"} if flat else t.get("function")
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
             raise BadRequest(f"tools[{i}] needs a function name", param=f"tools[{i}]")
-        spec = {"name": fn["name"], "description": fn.get("description") or "",
-                "parameters": fn.get("parameters") or {"type": "object", "properties": {}}}
-        out.append({"type": "function", "function": spec})
+        out.append(vllm_tool(fn, None if flat else t.get("defer_loading"), f"tools[{i}]"))
     return out or None
+
+
+def vllm_tool(fn: dict[str, Any], defer_loading: Any = None, where: str = "tools") -> dict[str, Any]:
+    """One tool as vLLM's ``ChatCompletionToolsParam.model_dump()`` gives it to the chat template (vLLM 0.32:
+    ``FunctionDefinition`` keeps ``name``, ``description`` and ``parameters`` -- ``None`` when absent -- then
+    ``strict`` and ``defer_loading`` only when set; unknown fields are dropped). A template that ``tojson``s the tool
+    renders every kept field, ``"strict": false`` included, so dropping one changes the prompt the policy sees."""
+    for name, kinds in (("description", str), ("parameters", dict), ("strict", bool), ("defer_loading", bool)):
+        v = fn.get(name)
+        if v is not None and not isinstance(v, kinds):
+            raise BadRequest(f"{where}.{name} must be a {kinds.__name__}, got {v!r}", param=f"{where}.{name}")
+    spec: dict[str, Any] = {"name": fn["name"], "description": fn.get("description"),
+                            "parameters": fn.get("parameters")}
+    if fn.get("strict") is not None:
+        spec["strict"] = fn["strict"]
+    if fn.get("defer_loading") is not None or defer_loading is not None:
+        spec["defer_loading"] = fn["defer_loading"] if fn.get("defer_loading") is not None else defer_loading
+    tool: dict[str, Any] = {"type": "function", "function": spec}
+    if defer_loading is not None:
+        tool["defer_loading"] = defer_loading
+    return tool
 
 
 def parse(body: dict[str, Any]) -> ChatRequest:
@@ -82,7 +102,12 @@ def stream(r: ChatResult, req: ChatRequest, body: dict[str, Any]) -> list[bytes]
     return out
 
 
+ERROR_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error",
+               429: "rate_limit_exceeded"}
+
+
 def error(status: int, message: str, *, param: str | None = None, code: str | None = None) -> dict[str, Any]:
-    kind = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-            413: "invalid_request_error", 429: "rate_limit_exceeded"}.get(status, "server_error")
+    """OpenAI's error body. Every other 4xx is the client's request (``invalid_request_error``: 405, 409, 410, 413,
+    415...); only a 5xx is ``server_error`` (an agent reads that as "retry", a 4xx as "change the request")."""
+    kind = ERROR_TYPES.get(status) or ("invalid_request_error" if 400 <= status < 500 else "server_error")
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}

@@ -13,8 +13,7 @@ from typing import Any
 
 from envhub.gateway.core import ChatRequest, ChatResult
 from envhub.gateway.dialects import chat, refuse_choices, sampling, sse
-from envhub.gateway.matching import text_of
-from envhub.gateway.messages import BadRequest, tool_call
+from envhub.gateway.messages import BadRequest, content_text, tool_call
 
 NAME = "responses"
 error = chat.error
@@ -24,7 +23,7 @@ _SKIPPED = ("reasoning",)
 def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     msgs: list[dict[str, Any]] = []
     if body.get("instructions"):
-        msgs.append({"role": "system", "content": text_of(body["instructions"])})
+        msgs.append({"role": "system", "content": content_text(body["instructions"], "instructions")})
     inp = body.get("input")
     if isinstance(inp, str):
         return msgs + [{"role": "user", "content": inp}]
@@ -37,7 +36,7 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
         kind = item.get("type") or "message"
         if kind == "message":
             role = item.get("role")
-            msgs.append({"role": role, "content": text_of(item.get("content"))})
+            msgs.append({"role": role, "content": content_text(item.get("content"), f"input[{i}].content")})
             open_assistant = role == "assistant"
         elif kind == "function_call":
             call = tool_call(str(item.get("call_id") or item.get("id") or ""), str(item.get("name") or ""),
@@ -48,7 +47,7 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
             msgs[-1].setdefault("tool_calls", []).append(call)
         elif kind == "function_call_output":
             msgs.append({"role": "tool", "tool_call_id": str(item.get("call_id") or ""),
-                         "content": text_of(item.get("output"))})
+                         "content": content_text(item.get("output"), f"input[{i}].output")})
             open_assistant = False
         elif kind in _SKIPPED:
             continue
