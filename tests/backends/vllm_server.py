@@ -52,11 +52,14 @@ class VLLMServer:
         self.proc: subprocess.Popen | None = None
         self.startup_s = 0.0
 
-    def start(self) -> VLLMServer:
-        argv = [str(vllm_python()), "-m", "vllm.entrypoints.openai.api_server", "--model", self.model_dir,
+    def argv(self) -> list[str]:
+        return [str(vllm_python()), "-m", "vllm.entrypoints.openai.api_server", "--model", self.model_dir,
                 "--served-model-name", self.served_name, "--host", "127.0.0.1", "--port", str(self.port),
                 "--dtype", "float32", "--enforce-eager", "--max-model-len", str(self.max_model_len),
                 "--seed", "0"]
+
+    def start(self) -> VLLMServer:
+        argv = self.argv()
         t0 = time.monotonic()
         self._log = open(self.log_path, "wb")
         # a new session: the server and its engine/worker children form one process group to kill at the end
