@@ -37,9 +37,11 @@ The staleness gate (:mod:`envhub.rollout.staleness`; admin): ``GET /staleness``,
 from Python, is admitted by the gate (429 when it has no room).
 
 Errors come in the caller's provider shape (OpenAI ``{"error": {...}}``, Anthropic ``{"type": "error", ...}``) with a
-message a person can act on: malformed JSON or fields (400), no or unknown session key (401), body over the cap
-(413), ``n > 1`` or a forced ``tool_choice`` (400), context too long (400, ``context_length_exceeded``), backend
-failure (502; the session is marked ``upstream_failure``). The gateway keeps serving after each.
+message a person can act on: malformed JSON or fields, ``NaN``/``Infinity``, a content part that is not text (400),
+no or unknown session key (401), body over the cap (413), ``n > 1`` or a forced ``tool_choice`` (400), a prompt over
+the context (400 before any backend call: OpenAI's ``context_length_exceeded``, Anthropic's ``prompt is too long``),
+backend failure (502; the session is marked ``upstream_failure``). Every 4xx has a client error type, only a 5xx a
+server one (agents retry those). The gateway keeps serving after each.
 """
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """Every dialect's conversation in one shape: OpenAI chat messages a chat template can render.
 
 Dialect translators (:mod:`envhub.gateway.dialects`) map their wire format to OpenAI-style messages; :func:`prepare`
-then makes them renderable and comparable: ``developer`` is ``system``; content parts are flattened to text;
+then makes them renderable and comparable: ``developer`` is ``system``; text parts are joined with ``"\\n"`` as
+vLLM's server joins them, and any other part (an image, audio, a file) is refused (:func:`content_text`);
 provider extras (``cache_control``, ``provider_specific_fields``, ``thoughtSignature``, reasoning fields) are dropped;
 tool calls are ``{id, type, function: {name, arguments}}`` with arguments as a JSON string; and a ``system`` message
 in the middle of the list (Claude Code sends one; most chat templates reject it) becomes a user turn holding a
