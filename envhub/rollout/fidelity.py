@@ -247,14 +247,54 @@ def iter_trajectories(path: str | Path) -> Iterable[Trajectory]:
         for row in datasets.load_dataset("parquet", data_files=str(p), split="train"):
             yield Trajectory.from_row(row)
     elif p.suffix == ".json":
-        for d in json.loads(p.read_text()):
-            yield Trajectory.from_row(d) if isinstance(d.get("messages"), str) else Trajectory.from_dict(d)
+        try:
+            items = json.loads(p.read_text())
+        except ValueError as e:
+            raise TrajectoryFileError(f"{p}: not valid JSON ({e})") from None
+        if not isinstance(items, list):
+            raise TrajectoryFileError(f"{p}: a .json trajectory file holds a list of trajectories, got "
+                                      f"{type(items).__name__}")
+        for i, d in enumerate(items):
+            yield _parse(d, f"{p}: item {i}")
     else:
         with p.open() as f:
-            for line in f:
-                if line.strip():
+            for lineno, line in enumerate(f, start=1):
+                if not line.strip():
+                    continue
+                try:
                     d = json.loads(line)
-                    yield Trajectory.from_row(d) if isinstance(d.get("messages"), str) else Trajectory.from_dict(d)
+                except ValueError as e:
+                    cut = "" if line.endswith("\n") else " (the last line, unterminated: a write cut short?)"
+                    raise TrajectoryFileError(f"{p}:{lineno}: not valid JSON ({e}){cut}") from None
+                yield _parse(d, f"{p}:{lineno}")
+
+
+class TrajectoryFileError(ValueError):
+    """A saved trajectory that cannot be read back; the message names the file and line (or item) and why."""
+
+
+def _parse(d: Any, where: str) -> Trajectory:
+    """One stored trajectory (a dict, or a ``datasets`` row with JSON-text columns) -> :class:`Trajectory`, or a
+    :class:`TrajectoryFileError` saying at ``where`` what is wrong with it."""
+    if not isinstance(d, dict):
+        raise TrajectoryFileError(f"{where}: a trajectory is a JSON object, got {type(d).__name__}")
+    missing = [k for k in ("env_id", "task_id") if k not in d]
+    if missing:
+        raise TrajectoryFileError(f"{where}: not a trajectory (no {' and no '.join(missing)}; keys: "
+                                  f"{', '.join(sorted(d)[:12]) or 'none'})")
+    try:
+        traj = Trajectory.from_row(d) if isinstance(d.get("messages"), str) else Trajectory.from_dict(d)
+    except (TypeError, ValueError, KeyError, AttributeError) as e:
+        raise TrajectoryFileError(f"{where}: not a trajectory ({type(e).__name__}: {e})") from None
+    for name in ("prompt_ids", "response_ids", "response_mask", "response_logprobs", "response_versions"):
+        value = getattr(traj, name)
+        if not isinstance(value, list) or not all(isinstance(x, (int, float)) for x in value):
+            raise TrajectoryFileError(f"{where}: {name} must be a list of numbers, got {str(value)[:60]}")
+    if not isinstance(traj.messages, list) or not all(isinstance(m, dict) for m in traj.messages):
+        raise TrajectoryFileError(f"{where}: messages must be a list of objects")
+    if not isinstance(traj.details, dict):
+        raise TrajectoryFileError(f"{where}: details must be an object")
+    return traj
 
 
 def check_file(path: str | Path, tokenizer: Any, *, tools: list[dict] | None = None,
