@@ -43,6 +43,15 @@ class LazyGroup(click.Group):
         module, attr = target.split(":")
         return getattr(importlib.import_module(module), attr)
 
+    def invoke(self, ctx: click.Context):
+        # Ctrl-C that reaches here ends the command with 130 (128 + SIGINT, as the help promises), not click's
+        # "Aborted!" and 1 (see envhub.cli.interrupt)
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            click.echo("\ninterrupted", err=True)
+            ctx.exit(130)
+
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="envhub")

@@ -2,6 +2,7 @@
 envhub task set, its model calls served (and recorded) by the gateway (:mod:`envhub.harness`)."""
 from __future__ import annotations
 
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -36,10 +37,9 @@ def _runner(spec: Any, preset: Any, model: str, tokenizer: Any, commands: Any, m
 def _tokenizer(tokenizer: Any) -> Any:
     if tokenizer is not None and not isinstance(tokenizer, str):
         return tokenizer
-    from envhub.cli.common import default_tokenizer
-    from envhub.testing.models import load_tokenizer, resolve_model
+    from envhub.cli.common import default_tokenizer, load_tokenizer_named
 
-    return load_tokenizer(resolve_model(tokenizer or default_tokenizer()))
+    return load_tokenizer_named(tokenizer or default_tokenizer(), "--tokenizer" if tokenizer else "the default tokenizer")
 
 
 def _preset(harness: str) -> Any:
@@ -56,19 +56,26 @@ def _preset(harness: str) -> Any:
 def run_episodes(spec: Any, harness: str, *, model: str = "golden", tokenizer: Any = None, n: int = 2,
                  split: str | None = None, timeout: float = 600.0, max_calls: int = 60, concurrency: int = 1,
                  max_tokens: int = 1024, noop: bool = False, commands: Any = None,
-                 tasks: list[dict] | None = None) -> list[tuple[dict, list]]:
+                 tasks: list[dict] | None = None, on_done: Any = None) -> list[tuple[dict, list]]:
     """``[(task, trajectories)]`` for ``tasks`` (default: the first ``n`` of the split). With ``model="golden"`` the
-    scripted player plays ``commands(task)`` (default: the golden; ``noop``: the scripted no-op)."""
+    scripted player plays ``commands(task)`` (default: the golden; ``noop``: the scripted no-op). ``on_done(task,
+    trajectories)`` is called as each episode finishes (from a worker thread)."""
     from envhub.harness.presets import golden_commands, noop_commands
 
     preset = _preset(harness)
     tasks = load_tasks(spec, split)[:n] if tasks is None else tasks
     commands = commands or (noop_commands if noop else golden_commands)
     runner = _runner(spec, preset, model, tokenizer, commands, max_tokens)
+
+    def one(task: dict) -> list:
+        trajs = runner.run(spec, preset, task, timeout_s=timeout, max_calls=max_calls)
+        if on_done is not None:
+            on_done(task, trajs)
+        return trajs
+
     try:
         with ThreadPoolExecutor(max(1, concurrency)) as pool:
-            results = list(pool.map(lambda t: runner.run(spec, preset, t, timeout_s=timeout, max_calls=max_calls),
-                                    tasks))
+            results = list(pool.map(one, tasks))
     finally:
         runner.close()
     return list(zip(tasks, results))
@@ -87,24 +94,53 @@ def episodes_table(title: str, results: list[tuple[dict, list]]) -> Table:
     return table
 
 
-def rollout(spec: Any, harness: str, model: str, tokenizer: str | None, n: int, split: str | None,
-            timeout: float | None, concurrency: int, max_tokens: int, out: str | None) -> None:
+def rollout(spec: Any, harness: str, model: str, tokenizer: str | None, n: int, rows: list[dict],
+            timeout: float | None, concurrency: int, max_tokens: int, writer: Any = None) -> int:
+    """``envhub rollout ENV --harness NAME``: the first ``n`` of ``rows`` through the harness; the exit status.
+
+    With ``writer`` (:class:`envhub.cli.runs.RunWriter`, ``--out``) the run directory every rollout writes: each
+    task's trajectories (one per chain: the main one and any sub-agent's) are appended in one write as its episode
+    finishes, ``--resume`` skips the tasks already there, and ``run.json`` gets the summary at the end (and
+    ``interrupted`` when it did not get there)."""
+    from envhub.cli.runs import key_of, read_lines
+
     t0 = time.perf_counter()
-    results = run_episodes(spec, harness, model=model, tokenizer=tokenizer, n=n, split=split,
-                           timeout=timeout or 600.0, concurrency=concurrency, max_tokens=max_tokens)
+    tasks = [t for t in rows[:n] if writer is None or (str(t["task_id"]), 0) not in writer.done]
+    lock = threading.Lock()
+
+    def save(task: dict, trajs: list) -> None:
+        with lock:
+            writer.append(*trajs)
+
+    if writer is not None:
+        writer.open()
+    finished = False
+    try:
+        results = run_episodes(spec, harness, model=model, tokenizer=tokenizer, timeout=timeout or 600.0,
+                               concurrency=concurrency, max_tokens=max_tokens, tasks=tasks,
+                               on_done=save if writer is not None else None)
+        finished = True
+    finally:
+        if writer is not None:
+            kept = read_lines(writer.path)
+            mains = [d for d in kept if (d.get("details") or {}).get("chain_role", "main") == "main"]
+            writer.write_meta(summary={"tasks": len({key_of(d) for d in kept}), "solved": sum(bool(d.get("passed"))
+                              for d in mains), "trajectories": len(kept)}, finished=_now(), interrupted=not finished)
+            writer.close()
     console.print(episodes_table(f"rollout: {spec.id} x {harness} x {model}", results))
     trajs = [t for _, ts in results for t in ts]
     solved = sum(ts[0].passed for _, ts in results)
     console.print(f"{solved}/{len(results)} tasks solved; {len(trajs)} trajectories "
                   f"({sum(t.details.get('chain_role') == 'main' for t in trajs)} main chains) in "
                   f"{time.perf_counter() - t0:.1f} s")
-    if out:
-        from envhub.cli.common import save_trajectories
+    if writer is not None:
+        skipped = f" ({len(writer.done)} tasks already there)" if writer.done else ""
+        console.print(f"saved {len(trajs)} trajectories to {writer.path}{skipped}", soft_wrap=True)
+    return 1 if any(t.finish_reason == "error" for t in trajs) else 0
 
-        console.print(f"saved to {save_trajectories(trajs, out)}")
-    failed = [t for t in trajs if t.finish_reason == "error"]
-    if failed:
-        raise SystemExit(1)
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
 def validate_report(spec: Any, harness: str, *, n: int | None = None, split: str | None = None,

@@ -9,7 +9,7 @@ from typing import Any
 import click
 from rich.table import Table
 
-from envhub.cli.common import console, load_backend, resolve_spec
+from envhub.cli.common import console, load_backend, load_tasks, resolve_spec, tokenizer_name
 from envhub.cli.runner import Run
 
 
@@ -104,34 +104,51 @@ def rollout_cmd(env_id, model, api_model, tokenizer, n, samples, concurrency, ma
     Exit status: 0, or 1 when more than --max-errors rollouts errored or timed out, or 130 when interrupted (every
     finished rollout is saved first; a second Ctrl-C exits at once).
     """
+    from envhub.cli import interrupt
+
+    with interrupt.counting():  # from here on a Ctrl-C is never lost, whatever start-up code swallows it
+        _rollout(env_id, model, api_model, tokenizer, n, samples, concurrency, max_turns, max_length, max_tokens,
+                 temperature, top_p, top_k, stop, seed, split, env_args, out, resume, overwrite, timeout, max_errors,
+                 harness)
+
+
+def _rollout(env_id, model, api_model, tokenizer, n, samples, concurrency, max_turns, max_length, max_tokens,
+             temperature, top_p, top_k, stop, seed, split, env_args, out, resume, overwrite, timeout, max_errors,
+             harness) -> None:
     from envhub.cli.runs import RunWriter, env_meta, started_meta
 
     check_model(model)
-    if harness:
-        from envhub.cli import harness as harness_cli
-
-        return harness_cli.rollout(resolve_spec(env_id), harness, model, tokenizer, n, split, timeout,
-                                   min(concurrency, 2), max_tokens, out)
     if (resume or overwrite) and not out:
         raise click.UsageError("--resume/--overwrite need --out")
+    if harness and samples > 1:
+        raise click.UsageError("--harness plays one episode per task: --samples does not apply")
     kwargs = _env_args(env_args)
     spec = resolve_spec(env_id)
-    try:
-        backend, tok, tok_name = load_backend(model, spec, tokenizer, api_model)
-    except (FileNotFoundError, OSError, ValueError) as e:
-        raise click.ClickException(f"cannot load --model {model}: {e}".splitlines()[0]) from None
-    preflight(backend, model)
+    # everything that can be checked without the model is checked before it loads: the split and the tasks, then
+    # --out (refused, resumed or replaced), and only then the weights
+    rows = load_tasks(spec, split)
     sampling = dict(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
                     stop=list(stop))
     writer = None
     if out:
-        meta = started_meta(env_id=spec.id, model=model, api_model=getattr(backend, "model", None),
-                            trainable=getattr(backend, "trainable", True), tokenizer=tok_name, sampling=sampling, max_turns=max_turns,
-                            max_length=max_length, split=split, samples=samples, tasks=n, env_args=kwargs,
-                            timeout=timeout, envs=[env_meta(spec)])
-        writer = RunWriter(out, meta, resume=resume, overwrite=overwrite)
+        meta = started_meta(env_id=spec.id, model=model, harness=harness, tokenizer=tokenizer_name(model, tokenizer),
+                            sampling=sampling if not harness else {"max_tokens": max_tokens},
+                            max_turns=max_turns, max_length=max_length, split=split, samples=samples, tasks=n,
+                            env_args=kwargs, timeout=timeout, envs=[env_meta(spec)])
+        writer = RunWriter(out, meta, resume=resume, overwrite=overwrite)  # checks only: writes nothing yet
+    if harness:
+        from envhub.cli import harness as harness_cli
+
+        code = harness_cli.rollout(spec, harness, model, tokenizer, n, rows, timeout, min(concurrency, 2), max_tokens,
+                                   writer)
+        _exit(code)
+    backend, tok, _ = load_backend(model, spec, tokenizer, api_model)
+    preflight(backend, model)
+    if writer:
+        writer.open(api_model=getattr(backend, "model", None), trainable=getattr(backend, "trainable", True))
     run = Run(spec, backend, tok, n=n, samples=samples, concurrency=concurrency, timeout=timeout, split=split,
-              config=_config(max_turns, max_length, sampling, kwargs), writer=writer, label=f"{env_id} x {model}")
+              config=_config(max_turns, max_length, sampling, kwargs), writer=writer, label=f"{env_id} x {model}",
+              rows=rows)
     code = run.execute(handle_sigint=True)
     trajs, stats = run.results(), run.summary()
     console.print(summary_table(f"rollout: {env_id} with {model}", stats))
@@ -215,9 +232,9 @@ def check_trajectory_cmd(path: str, tokenizer: str | None, limit: int | None) ->
     """Check the token fidelity of saved trajectories (a run directory, a datasets dir, parquet or JSON lines):
     masks, logprobs and ids align, the prompt is the template's rendering, and every env span decodes to the
     template's rendering of the env's messages."""
-    from envhub.cli.runs import TRAJECTORIES, is_run, read_meta
-    from envhub.testing.models import resolve_model
-    from envhub.rollout.fidelity import check_file
+    from envhub.cli.common import load_tokenizer_named
+    from envhub.cli.runs import META, TRAJECTORIES, is_run, read_meta
+    from envhub.rollout.fidelity import TrajectoryFileError, check_file
 
     target, recorded = Path(path), None
     if is_run(target):
@@ -230,11 +247,11 @@ def check_trajectory_cmd(path: str, tokenizer: str | None, limit: int | None) ->
         console.print(f"[yellow]warning:[/] the run was made with tokenizer {recorded!r}, checking with "
                       f"{tokenizer!r}: expect mismatches if they differ")
     name = tokenizer or recorded
+    tok = load_tokenizer_named(name, "--tokenizer" if tokenizer else f"the run's tokenizer ({META} of {path})")
     try:
-        tok_path = str(resolve_model(name))
-    except FileNotFoundError as e:
+        bad = check_file(target, tok, limit=limit)
+    except TrajectoryFileError as e:  # a malformed row: its file and line, never a traceback
         raise click.ClickException(str(e)) from None
-    bad = check_file(target, tok_path, limit=limit)
     for index, problems in list(bad.items())[:20]:
         console.print(f"[red]trajectory {index}[/]: " + "; ".join(problems[:3]))
     console.print(f"all trajectories faithful (tokenizer {name})" if not bad else

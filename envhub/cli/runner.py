@@ -32,7 +32,7 @@ class Run:
 
     def __init__(self, spec, backend, tokenizer, *, n: int, samples: int, concurrency: int, config,
                  timeout: float | None = None, split: str | None = None, writer=None, label: str = "",
-                 show_progress: bool = True):
+                 show_progress: bool = True, rows: list | None = None):
         from envhub.cli.common import load_tasks
         from envhub.task import select
 
@@ -43,7 +43,7 @@ class Run:
 
         self.split = split
         self.index = TaskIndex(specs={spec.id: spec})  # the spec may come from a path: pinned, not looked up
-        self.tasks = select(load_tasks(spec, split), n=n)
+        self.tasks = select(load_tasks(spec, split) if rows is None else rows, n=n)  # rows: already loaded
         done = writer.done if writer is not None else set()
         self.work = [(t, k) for t in self.tasks for k in range(samples) if (str(t["task_id"]), k) not in done]
         self.finished: list[Any] = []  # this invocation's finished trajectories, in finishing order
@@ -139,9 +139,18 @@ class Run:
         main = loop.create_task(self._all())
         if handle_sigint:
             loop.add_signal_handler(signal.SIGINT, self._on_sigint, main)
+            from envhub.cli import interrupt
+
+            if interrupt.pending():  # a Ctrl-C during start-up that something swallowed: honour it now
+                self._on_sigint(main)
         try:
             loop.run_until_complete(main)
-            return 0
+            if handle_sigint:
+                # a Ctrl-C that came in the loop's last iteration has its callback queued behind the loop's stop:
+                # run a few more iterations so it is honoured (130), not dropped with the loop (exit 0)
+                for _ in range(3):
+                    loop.run_until_complete(asyncio.sleep(0))
+            return 130 if self.interrupts else 0
         except asyncio.CancelledError:
             return 130
         finally:

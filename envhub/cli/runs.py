@@ -25,7 +25,8 @@ import click
 META = "run.json"
 TRAJECTORIES = "trajectories.jsonl"
 # what must match for --resume to add to a run (the rest, e.g. concurrency or timeout, may change between tries)
-RESUME_KEYS = ("env_id", "model", "tokenizer", "sampling", "max_turns", "max_length", "split", "samples")
+RESUME_KEYS = ("env_id", "model", "tokenizer", "sampling", "max_turns", "max_length", "split", "samples",
+               "harness")
 
 
 def is_run(path: str | Path) -> bool:
@@ -58,11 +59,16 @@ def key_of(traj_dict: dict[str, Any]) -> tuple[str, int]:
 
 
 class RunWriter:
-    """Opens (or resumes) a run directory and appends trajectories to it as they finish."""
+    """Opens (or resumes) a run directory and appends trajectories to it as they finish.
+
+    Constructing it only *checks* ``--out`` (refused, resumed or replaced; a resume must be the same run) and writes
+    nothing, so the command checks it before the model's weights load; :meth:`open` then writes ``run.json`` and
+    opens the trajectories for appending. A bad ``--out`` is reported at once and leaves nothing behind."""
 
     def __init__(self, path: str | Path, meta: dict[str, Any], *, resume: bool = False, overwrite: bool = False):
         self.path = Path(path)
         self.done: set[tuple[str, int]] = set()
+        self.overwrite = False
         if resume and overwrite:
             raise click.UsageError("--resume and --overwrite exclude each other")
         if self.path.exists() and not self.path.is_dir():
@@ -75,8 +81,7 @@ class RunWriter:
             raise click.UsageError(f"--out {self.path} is a non-empty directory that is not an envhub run: "
                                    "refusing to write into (or replace) it")
         if occupied and overwrite:
-            for name in (META, TRAJECTORIES):
-                (self.path / name).unlink(missing_ok=True)
+            self.overwrite = True
         elif occupied and resume:
             old = read_meta(self.path)
             differ = [k for k in RESUME_KEYS if old.get(k) != meta.get(k)]
@@ -86,14 +91,26 @@ class RunWriter:
             self.done = {key_of(d) for d in read_lines(self.path)}
             meta = {**old, **meta, "started": old.get("started", meta.get("started")),
                     "resumed": [*old.get("resumed", []), meta.get("started")]}
-        self.path.mkdir(parents=True, exist_ok=True)
         self.meta = meta
-        self.write_meta()
-        self._file = open(self.path / TRAJECTORIES, "a")
+        self._file: Any = None
 
-    def append(self, traj) -> None:
-        """One finished trajectory, flushed at once (a crash after this call keeps it)."""
-        self._file.write(traj.to_json() + "\n")
+    def open(self, **updates: Any) -> "RunWriter":
+        """Write ``run.json`` (with ``updates``: what is known once the model loaded) and open the trajectories for
+        appending. A partial last line (a kill mid-write) is cut off first: appended to, it would swallow the next
+        trajectory."""
+        if self.overwrite:
+            for name in (META, TRAJECTORIES):
+                (self.path / name).unlink(missing_ok=True)
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.write_meta(**updates)
+        _cut_partial_line(self.path / TRAJECTORIES)
+        self._file = open(self.path / TRAJECTORIES, "a")
+        return self
+
+    def append(self, *trajs) -> None:
+        """Finished trajectories (one rollout's: a harness episode gives one per chain), written in one write and
+        flushed at once (a crash after this call keeps them)."""
+        self._file.write("".join(t.to_json() + "\n" for t in trajs))
         self._file.flush()
 
     def write_meta(self, **updates: Any) -> None:
@@ -103,7 +120,33 @@ class RunWriter:
         os.replace(tmp, self.path / META)  # never a half-written run.json
 
     def close(self) -> None:
-        self._file.close()
+        if self._file is not None:
+            self._file.close()
+
+
+def _cut_partial_line(file: Path) -> None:
+    """Truncate ``file`` after its last newline (each trajectory is one line written with its newline), reading
+    only its tail."""
+    try:
+        f = open(file, "rb+")
+    except FileNotFoundError:
+        return
+    with f:
+        pos = f.seek(0, os.SEEK_END)
+        if pos == 0:
+            return
+        f.seek(pos - 1)
+        if f.read(1) == b"\n":
+            return
+        while pos > 0:
+            step = min(1 << 16, pos)
+            pos -= step
+            f.seek(pos)
+            nl = f.read(step).rfind(b"\n")
+            if nl >= 0:
+                f.truncate(pos + nl + 1)
+                return
+        f.truncate(0)
 
 
 def env_meta(spec) -> dict[str, Any]:
