@@ -308,11 +308,19 @@ def registry_group() -> None:
 def add_cmd(path: str, n: int | None, concurrency: int, force: bool, tree: bool, reuse_admission: bool,
             registry_path: str | None) -> None:
     """Run admission on the plugin at PATH, build its wheel into wheels/ beside the registry, and write its entry
-    (wheel sha256, source tree hash, admission summary). Nothing is written when admission refuses it."""
-    from envhub.registry import Registry, find_registry, publish
+    (wheel sha256, source tree hash, admission summary). Nothing is written when admission refuses it.
+
+    Which index: --registry PATH, else $ENVHUB_REGISTRY, else the nearest registry.toml upward (a project's), else
+    the user's index ($XDG_CONFIG_HOME/envhub/registry.toml, default ~/.config/envhub/registry.toml), which every
+    `envhub list` and `install` reads. The index built into envhub is written only when named with --registry."""
+    from envhub.registry import Registry, publish
+    from envhub.registry.layers import write_target
 
     console = _console()
-    registry = Registry.load(find_registry(registry_path))
+    target, why = write_target(registry_path)
+    if not registry_path:
+        console.print(f"[dim]writing {target}: {why}; --registry PATH writes another[/]", soft_wrap=True)
+    registry = Registry.load(target)
     results = publish(path, registry, n=n, force=force, concurrency=concurrency, wheel=not tree,
                       reuse_admission=reuse_admission, log=lambda s: console.print(f"[dim]{s}[/]", soft_wrap=True))
     for r in results:

@@ -18,9 +18,12 @@ One entry per env id::
     report = "reports/countdown-0.1.0.json"
 
 Which indexes are read: see :mod:`envhub.registry.layers` (user config, project file, ``$ENVHUB_REGISTRY``, the
-index built into the package, in that order of priority). Which one file ``registry add`` writes and ``verify``
-checks (:func:`find_registry`): ``--registry PATH``, else ``$ENVHUB_REGISTRY`` (a path), else the nearest
-``registry.toml`` upward from the working directory, else the one at the root of the envhub checkout. Relative
+index built into the package, in that order of priority). Which one file ``registry add`` writes
+(:func:`envhub.registry.layers.write_target`): ``--registry PATH``, else ``$ENVHUB_REGISTRY`` (a path), else the
+nearest ``registry.toml`` upward from the working directory unless that is the built-in index, else the user's index
+(``~/.config/envhub/registry.toml``): an author's env never lands in the index envhub ships unless named with
+``--registry``. Which one ``verify`` checks (:func:`find_registry`): the same, except that the nearest
+``registry.toml`` may be the built-in one, and with none found, the one at the root of the envhub checkout. Relative
 ``source`` and ``report`` paths resolve against their index's directory (or URL), so a checkout can move. The
 built-in index (``envhub/registry/index.toml``; the checkout's ``registry.toml`` is a symlink to it) names wheels
 shipped beside it in the package (``envhub/registry/wheels/``), so it resolves wherever envhub is installed.

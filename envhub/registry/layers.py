@@ -46,6 +46,32 @@ def user_index() -> Path:
     return Path(config) / "envhub" / REGISTRY_FILE
 
 
+def write_target(explicit: str | Path | None = None, cwd: str | Path | None = None) -> tuple[Path, str]:
+    """The one index ``envhub registry add`` writes, and why that one: ``--registry PATH``; else
+    ``$ENVHUB_REGISTRY`` (when it is one path); else the project's index (the nearest ``registry.toml`` upward from
+    the working directory) unless that is the built-in index; else the user's index (:func:`user_index`).
+
+    The built-in index is never written by default: in a checkout, ``registry.toml`` is a symlink to it, so an
+    author who runs ``envhub registry add my-env`` inside the checkout (or from an editable install anywhere) would
+    otherwise put their env into the index envhub ships. Maintainers update it by naming it: ``--registry
+    envhub/registry/index.toml``. The user's index is the default because every ``envhub list`` / ``install`` reads
+    it, above the project and built-in ones, wherever they run."""
+    if explicit:
+        return Path(explicit).absolute(), "--registry"
+    env = os.environ.get(ENV_VAR, "")
+    if env and "://" not in env and "," not in env:  # a URL or a list is read by load_index, never written
+        return Path(env).absolute(), f"${ENV_VAR}"
+    here = Path(cwd or Path.cwd()).absolute()
+    builtin = BUILTIN.resolve()
+    for d in (here, *here.parents):
+        found = d / REGISTRY_FILE
+        if found.is_file():
+            if found.resolve() == builtin:
+                break  # the checkout's link to the built-in index: not a project index of the user's
+            return found, "the project's index (the nearest registry.toml upward)"
+    return user_index(), "the user's index (no --registry, no project registry.toml)"
+
+
 def layers(explicit: str | Path | None = None, cwd: str | Path | None = None) -> list[Layer]:
     """The layers that exist, highest priority first (see the module docstring)."""
     out: list[Layer] = []

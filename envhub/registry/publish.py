@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from envhub.registry.model import Entry, Registry, RegistryError, content_hash, tomllib
-from envhub.registry.wheel import WHEEL_DIR, build_wheel
+from envhub.registry.wheel import WHEEL_DIR, build_wheel, check_build_requirements
 
 Log = Callable[[str], None]
 
@@ -61,6 +61,8 @@ def publish(path: str | Path, registry: Registry, *, n: int | None = None, force
                             "registry.toml outside it")
     if reuse_admission and n is not None:
         raise RegistryError("--tasks does not apply with --reuse-admission (no admission runs)")
+    if wheel:  # a build that cannot succeed is said before admission runs (minutes), not after
+        check_build_requirements(root)
     digest = content_hash(root)  # before anything imports from the tree (caches are excluded anyway)
     meta = tomllib.loads((root / "pyproject.toml").read_text()) if (root / "pyproject.toml").is_file() else {}
     project = meta.get("project", {})

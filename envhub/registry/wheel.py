@@ -42,11 +42,61 @@ class BuiltWheel:
     source_sha256: str  # content hash of the tree it was built from
 
 
+def unmet_build_requirements(tree: str | Path) -> list[str]:
+    """What the tree's ``[build-system] requires`` asks for that this environment lacks, one phrase each (``[]``:
+    nothing). The build runs without isolation (offline, reproducible: this environment's backend), where pip never
+    checks those requirements: an old setuptools then fails deep in the backend, or builds a wrong wheel. Compared
+    with :mod:`packaging` (what pip itself uses); without it, nothing is checked."""
+    import importlib.metadata as md
+
+    from envhub.registry.model import tomllib
+
+    try:
+        from packaging.requirements import InvalidRequirement, Requirement
+    except ImportError:  # pragma: no cover - packaging comes with pip, datasets and huggingface-hub
+        return []
+    pyproject = Path(tree) / "pyproject.toml"
+    if not pyproject.is_file():
+        return []
+    try:
+        requires = tomllib.loads(pyproject.read_text()).get("build-system", {}).get("requires", [])
+    except (OSError, ValueError) as e:
+        return [f"{pyproject} cannot be read ({e})"]
+    out = []
+    for text in requires:
+        try:
+            req = Requirement(text)
+        except InvalidRequirement as e:
+            out.append(f"{text!r} is not a valid requirement ({e})")
+            continue
+        if req.marker is not None and not req.marker.evaluate():
+            continue
+        try:
+            have = md.version(req.name)
+        except md.PackageNotFoundError:
+            out.append(f"{text} (not installed)")
+            continue
+        if req.specifier and not req.specifier.contains(have, prereleases=True):
+            out.append(f"{text} (this environment has {req.name} {have})")
+    return out
+
+
+def check_build_requirements(tree: str | Path) -> None:
+    """:class:`WheelBuildError` naming what to install when :func:`unmet_build_requirements` finds anything."""
+    unmet = unmet_build_requirements(tree)
+    if unmet:
+        raise WheelBuildError(
+            f"cannot build the wheel of {tree}: its pyproject.toml needs {'; '.join(unmet)}. The build uses this "
+            f"environment's build backend (offline, no isolation): {sys.executable} -m pip install -U "
+            + " ".join(f"'{u.split(' (')[0]}'" for u in unmet) + ", or publish the source tree with --tree")
+
+
 def build_wheel(tree: str | Path, outdir: str | Path) -> BuiltWheel:
     """Build the wheel of the plugin at ``tree`` into ``outdir`` (see the module docstring); returns its path and
     hashes. The tree's content hash is taken before the copy and checked on the copy, so the wheel is known to be
     built from exactly the tree that ``source_sha256`` names."""
     tree = Path(tree).resolve()
+    check_build_requirements(tree)
     digest = content_hash(tree)
     with tempfile.TemporaryDirectory(prefix="envhub-wheel-") as tmp:
         src = copy_tree(tree, Path(tmp) / "src" / tree.name)
