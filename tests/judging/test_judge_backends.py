@@ -92,3 +92,30 @@ def test_the_tiny_random_model_as_judge_never_passes(tiny_model_path):
     again = v.verify(TASKS[0], {"answer": TASKS[0]["golden"]})
     assert again.details["raw_judgment"] == scores[0].details["raw_judgment"]  # greedy: the same reply
     v.close()
+
+
+def test_a_token_id_server_judge(tiny_model_path, tiny_tokenizer):
+    """``http://`` (vLLM's ``/v1/completions`` with token ids): the stand-in server of the backend tests, computing
+    with the real hf backend on the tiny model. Its replies are noise, so the judgment is a crash; what is checked
+    is the path: token ids out, greedy and seeded, and the reply read back."""
+    import asyncio
+
+    from envhub.backends.hf import HFBackend
+
+    sys.path.insert(0, str(Path(__file__).parent.parent / "backends"))
+    from standin_server import StandIn
+
+    loop = asyncio.new_event_loop()
+    threading.Thread(target=loop.run_forever, daemon=True).start()
+    server = asyncio.run_coroutine_threadsafe(StandIn(HFBackend(tiny_model_path)).start(), loop).result(60)
+    try:
+        v = JudgeVerifier(server.url, RUBRIC, tokenizer=tiny_tokenizer, max_tokens=12, timeout_s=60)
+        s = v.verify(FR, {"answer": "Paris"})
+        assert s.crashed and not s.passed and s.details["judge_failure"] in ("unparsable", "refusal", "ambiguous")
+        body = server.bodies[-1]
+        assert isinstance(body["prompt"], list) and all(isinstance(t, int) for t in body["prompt"])
+        assert body["temperature"] == 0.0 and body["seed"] == 0 and body["max_tokens"] == 12
+        v.close()
+    finally:
+        asyncio.run_coroutine_threadsafe(server.stop(), loop).result(30)
+        loop.call_soon_threadsafe(loop.stop)
