@@ -20,7 +20,8 @@ components). An outcome reward ``r`` between 0 and 1 is lifted at most ``process
 
 **Per step.** ``step_rewards`` gives each step its share of the capped process reward (each component's steps
 scaled by its cap's factor, then all by the total cap's), so they sum to ``process``; trainers read them per turn
-(veRL ``turn_scores``, AReaL per-interaction rewards). Raw and capped values are both recorded (:meth:`Composed.to_dict`).
+(veRL ``turn_scores``, AReaL per-interaction rewards); :func:`token_rewards` puts them on token positions for a
+trainer that takes a reward per token. Raw and capped values are both recorded (:meth:`Composed.to_dict`).
 Group normalisation of rewards is an advantage estimator's job (``envhub.training.advantages``), not composition's.
 """
 from __future__ import annotations
@@ -152,3 +153,19 @@ def compose(outcome: float, steps: list[dict[str, float]], config: RewardConfig 
         total = _clip(total, *cfg.clip)
     raw_total = sum(v["weighted"] for v in comps.values())
     return Composed(total, float(outcome), process, raw_total, per_step, comps)
+
+
+def token_rewards(step_rewards: list[float], action_ranges: list[tuple[int, int]], n_tokens: int,
+                  total: float) -> list[float]:
+    """Rewards on token positions (``len == n_tokens``, the trajectory's ``response_ids``): step ``i``'s reward on
+    the last token of the ``i``-th model span (``Trajectory.action_ranges``), and the rest of ``total`` (the
+    weighted outcome) on the last model token, so the list sums to ``total``. Steps beyond the spans (a model turn
+    with no env reply between it and the next merges two spans) go on the last span. No model token: all zeros."""
+    out = [0.0] * n_tokens
+    if not action_ranges or n_tokens == 0:
+        return out
+    last = len(action_ranges) - 1
+    for i, r in enumerate(step_rewards):
+        out[action_ranges[min(i, last)][1] - 1] += r
+    out[action_ranges[last][1] - 1] += total - sum(step_rewards)
+    return out

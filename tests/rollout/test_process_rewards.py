@@ -8,7 +8,7 @@ import envhub.rollout.executor as executor
 from envhub import EnvSpec
 from envhub.backends.scripted import ScriptedBackend
 from envhub.probes import farming_probe
-from envhub.rewards import Overlong, RewardConfig
+from envhub.rewards import Overlong, RewardConfig, token_rewards
 from envhub.rollout.executor import rollout
 from envhub.rollout.request import RolloutConfig
 from envhub.scaffold_template import tool_env as S
@@ -78,3 +78,14 @@ async def test_the_overlong_penalty_applies_to_model_tokens(tiny_tokenizer):
     t = await rollout(spec(cfg), TASKS[0], ScriptedBackend(S.golden), tiny_tokenizer, RolloutConfig())
     assert t.details["reward"]["components"]["overlong"]["raw"] == -1.0
     assert t.reward == pytest.approx(0.75)  # +0.6 lookups - 1 overlong = -0.4, floored at the penalty cap -0.25
+
+
+async def test_step_rewards_on_token_positions(tiny_tokenizer):
+    g = await rollout(spec(), TASKS[0], ScriptedBackend(S.golden), tiny_tokenizer)
+    per_token = token_rewards(g.step_rewards, g.action_ranges, len(g.response_ids), g.reward)
+    assert len(per_token) == len(g.response_ids) and sum(per_token) == pytest.approx(g.reward)
+    (a0, a1), (b0, b1) = g.action_ranges
+    assert per_token[a1 - 1] == pytest.approx(0.5)  # the lookups' capped share, on the first turn's last token
+    assert per_token[b1 - 1] == pytest.approx(1.0)  # the outcome, on the last model token
+    assert sum(1 for x in per_token if x) == 2 and all(g.response_mask[i] for i, x in enumerate(per_token) if x)
+    assert token_rewards([0.1], [], 5, 1.0) == [0.0] * 5
