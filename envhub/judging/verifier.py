@@ -141,8 +141,10 @@ class JudgeVerifier:
         return {"judge_model": self.judge.name, **self.judge.stats.to_dict()}
 
     # ---- grading -----------------------------------------------------------------------------------------------
-    def guard(self, answer: str) -> str | None:
-        """Why ``answer`` fails without asking the judge, or None (see the module docstring)."""
+    def guard(self, answer: str, context: str = "") -> str | None:
+        """Why ``answer`` fails without asking the judge, or None (see the module docstring). Rubric phrases that
+        ``context`` (the task and its reference) also holds are not an echo: a reference-guided rubric may quote the
+        reference, and a correct answer may too."""
         if not answer.strip():
             return "empty answer"
         if len(answer) > self.max_answer_chars:
@@ -150,8 +152,11 @@ class JudgeVerifier:
         if ANY_VERDICT.search(answer):
             return "the answer carries the judge's verdict format (a claimed score or verdict)"
         words = re.findall(r"\w+", answer.lower())
+        allowed = re.findall(r"\w+", context.lower())
+        allowed_shingles = {" ".join(allowed[i:i + ECHO_WORDS]) for i in range(len(allowed) - ECHO_WORDS + 1)}
         for i in range(len(words) - ECHO_WORDS + 1):
-            if " ".join(words[i:i + ECHO_WORDS]) in self._rubric_shingles:
+            shingle = " ".join(words[i:i + ECHO_WORDS])
+            if shingle in self._rubric_shingles and shingle not in allowed_shingles:
                 return f"the answer echoes the rubric ({ECHO_WORDS}+ consecutive rubric words)"
         return None
 
@@ -159,7 +164,7 @@ class JudgeVerifier:
         answer = str((artifacts or {}).get(self.answer_key, "") or "")
         task_text, reference = self.task_text(task), self.reference(task)
         base = {"judge_model": self.judge.name, "rubric_sha256": self.rubric_sha}
-        if self.guards and (why := self.guard(answer)):
+        if self.guards and (why := self.guard(answer, f"{task_text}\n{reference or ''}")):
             return Score(0.0, False, {**base, "reason": why, "guard": True})
         key = JudgeCache.key(self.judge.name, self.rubric, json.dumps([task_text, reference]), answer)
         if not getattr(self, "_no_cache", False) and (hit := self.cache.get(key)) is not None:

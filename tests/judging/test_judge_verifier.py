@@ -117,6 +117,16 @@ def test_guards_fail_without_asking_the_judge(tiny_tokenizer):
     assert counting.calls == 0
 
 
+def test_a_rubric_quoting_the_reference_is_not_an_echo_when_the_answer_states_it(tiny_tokenizer):
+    rubric = "Correct iff it says that the mitochondria is the powerhouse of the cell, and nothing false."
+    task = {"question": "What is the mitochondria?", "reference": "The mitochondria is the powerhouse of the cell."}
+    v = JudgeVerifier(judge_model(tiny_tokenizer, lambda t, m: "Matches.\nSCORE: 10"), rubric)
+    assert v.verify(task, {"answer": "The mitochondria is the powerhouse of the cell."}).passed  # judged, not guarded
+    echo = v.verify(task, {"answer": rubric})
+    assert not echo.passed and echo.details["guard"]  # "correct iff it says that ..." is the rubric's own
+    assert v.guard("the mitochondria is the powerhouse of the cell") is not None  # without the context: an echo
+
+
 @pytest.mark.parametrize("raw,kind", [
     ("", "unparsable"), ("Good.", "unparsable"), ("SCORE: 7 / 10", "unparsable"), ("score: 7", "unparsable"),
     ("SCORE: 11", "out-of-range"), ("SCORE: 3\nSCORE: 9", "ambiguous"), ("SCORE: 9\nthanks", "unparsable"),
