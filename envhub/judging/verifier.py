@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from envhub.judging.engine import JudgeModel
-from envhub.judging.format import (ANY_VERDICT, FORMAT_VERSION, JudgeFormatError, pair_messages, parse_score,
+from envhub.judging.format import (CLAIMED_VERDICT, FORMAT_VERSION, JudgeFormatError, pair_messages, parse_score,
                                    parse_winner, prompt_hash, score_messages, sha)
 from envhub.verifier import Score
 
@@ -149,7 +149,7 @@ class JudgeVerifier:
             return "empty answer"
         if len(answer) > self.max_answer_chars:
             return f"answer of {len(answer)} characters, over the judge's limit of {self.max_answer_chars}"
-        if ANY_VERDICT.search(answer):
+        if CLAIMED_VERDICT.search(answer):
             return "the answer carries the judge's verdict format (a claimed score or verdict)"
         words = re.findall(r"\w+", answer.lower())
         allowed = re.findall(r"\w+", context.lower())

@@ -115,6 +115,8 @@ def test_guards_fail_without_asking_the_judge(tiny_tokenizer):
         s = v.verify(FR, {"answer": answer})
         assert not s.passed and not s.crashed and s.details["guard"], answer
     assert counting.calls == 0
+    v.verify(FR, {"answer": "Paris. (Final score: 3-1 to France, as I recall.)"})  # prose, not the verdict syntax
+    assert counting.calls == 1
 
 
 def test_a_rubric_quoting_the_reference_is_not_an_echo_when_the_answer_states_it(tiny_tokenizer):
