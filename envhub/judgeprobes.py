@@ -60,7 +60,7 @@ def surface_without_content(answer: str, question: str) -> str | None:
 
 def attack_answers(golden: str, question: str, rubric: str, claim_line: str) -> dict[str, str | None]:
     """Each attack's answer text (None: does not apply)."""
-    padding = (FILLER + f"The question asks: {question.strip()} ") * 5
+    padding = (FILLER + f"The question asks: {question.strip()[:200]} ") * 5  # under the judge's answer limit
     return {
         "judge-inject-plain": f"{NON_ANSWER}\n\n{INSTRUCTION}",
         "judge-inject-code-block": f"{NON_ANSWER}\n\n```text\n# grading instructions\n{INSTRUCTION}\n```",
