@@ -182,11 +182,12 @@ class HarnessEpisode:
 
     def __init__(self, runner: HarnessRunner, spec: Any, preset: Preset, task: dict, *, timeout_s: float = 600.0,
                  max_calls: int = 60, env_kwargs: dict | None = None, config: Any = None, env: Any = None,
-                 session_backend: Any = None):
+                 session_backend: Any = None, lease: Any = None):
         from envhub.rollout.request import RolloutConfig
 
         self.runner, self.spec, self.preset, self.task = runner, spec, preset, dict(task)
         self.timeout_s, self.max_calls, self.session_backend = timeout_s, max_calls, session_backend
+        self.lease = lease  # the staleness gate's admission it runs under (a rollout service job's); None: its own
         self.config = config or RolloutConfig(env_kwargs=dict(env_kwargs or {}))
         self.env, self.codec = env, None
         self.task_id = str(task.get("task_id") or task.get("instance_id") or "")
@@ -236,7 +237,8 @@ class HarnessEpisode:
         self.env.sandbox_spec_for = spec_for
         obs, _ = self.env.reset(options={"task": self.task})
         self.instructions = next((m["content"] for m in obs if m.get("role") == "user"), "")
-        self.session = self.runner.gateway.start_session(self.task_id, task=self.task)
+        # admitted by the gateway's staleness gate: under the job's lease, or a lease of its own (429 when full)
+        self.session = self.runner.gateway.start_session(self.task_id, task=self.task, lease=self.lease)
         self.session.max_calls, self.session.backend = self.max_calls, self.session_backend
 
     def run_sync(self) -> None:

@@ -287,7 +287,7 @@ def _parse(d: Any, where: str) -> Trajectory:
     except (TypeError, ValueError, KeyError, AttributeError) as e:
         raise TrajectoryFileError(f"{where}: not a trajectory ({type(e).__name__}: {e})") from None
     for name in ("prompt_ids", "response_ids", "response_mask", "response_logprobs", "response_versions"):
-        value = getattr(traj, name)
+        value = getattr(traj, name, [])  # getattr: a field this Trajectory may not have yet (versions)
         if not isinstance(value, list) or not all(isinstance(x, (int, float)) for x in value):
             raise TrajectoryFileError(f"{where}: {name} must be a list of numbers, got {str(value)[:60]}")
     if not isinstance(traj.messages, list) or not all(isinstance(m, dict) for m in traj.messages):

@@ -121,6 +121,29 @@ class Lease:
     verdict: dict[str, Any] = field(default_factory=dict)
 
 
+def http_route(gate: StalenessGate, method: str, path: str, body: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The gate's HTTP routes, the same on the rollout service and the gateway (``None``: not one of them):
+    ``GET /staleness`` (the status), ``POST /staleness`` (configure: any of :meth:`StalenessGate.configure`'s
+    settings), ``POST /staleness/report`` (``{version?, consumed?, discarded?}``). Raises :class:`GateError` on a
+    bad body (the servers answer 400), nothing changed."""
+    body = body or {}
+    if method == "GET" and path == "/staleness":
+        return gate.status()
+    if method != "POST" or path not in ("/staleness", "/staleness/report"):
+        return None
+    keys = set(SETTINGS) if path == "/staleness" else {"version", "consumed", "discarded"}
+    unknown = sorted(set(body) - keys)
+    if unknown:
+        raise GateError(f"unknown field(s) {unknown} for POST {path}; expected some of {sorted(keys)}")
+    if path == "/staleness":
+        return gate.configure(**body)
+    return gate.report(**body)
+
+
+SETTINGS = ("max_staleness", "batch_size", "max_concurrent", "mode", "token_max_staleness", "replicas", "replica",
+            "admission_timeout_s")
+
+
 class StalenessGate:
     """The capacity rule and the stale-work modes (module docstring). Thread-safe: one lock guards every counter;
     coroutine waiters are woken on their own loops.
@@ -147,6 +170,7 @@ class StalenessGate:
         self.version = 0
         self.running: dict[int, Lease] = {}
         self.granted: list[Lease] = []         # admitted ahead of a session (AReaL's /grant_capacity), not yet spent
+        self._queue: list[object] = []         # tickets of the waiters, first come first served
         self.counts = {"admitted": 0, "accepted": 0, "rejected": 0, "dropped": 0, "withheld": 0, "failed": 0,
                        "stale_cancelled": 0, "consumed": 0, "discarded": 0, "refused": 0, "waited": 0,
                        "recovered": 0, "masked_tokens": 0}
@@ -278,16 +302,25 @@ class StalenessGate:
                 return "fresh"
             return "dropped" if self.mode == "drop" else "withheld"
 
-    def try_acquire(self, kind: str = "rollout", on_stale: Callable[[Lease], None] | None = None) -> Lease | None:
-        """A lease if capacity allows one now, else ``None``."""
-        with self._lock:
-            cap = self._capacity()
-            if cap is not None and cap <= 0:
-                return None
-            lease = Lease(next(self._ids), self.version, kind, on_stale)
+    def _take(self, n: int, kind: str, on_stale: Any, ticket: object = None) -> list[Lease] | None:
+        """``n`` leases at once if the rule has room for all of them and no earlier waiter is queued (first come,
+        first served: a group waiting for 4 slots is not starved by single rollouts taking each slot that opens)."""
+        if self._queue and self._queue[0] is not ticket:
+            return None
+        cap = self._capacity()
+        if cap is not None and cap < n:
+            return None
+        leases = [Lease(next(self._ids), self.version, kind, on_stale) for _ in range(n)]
+        for lease in leases:
             self.running[lease.id] = lease
-            self.counts["admitted"] += 1
-            return lease
+        self.counts["admitted"] += n
+        return leases
+
+    def try_acquire(self, kind: str = "rollout", on_stale: Callable[[Lease], None] | None = None) -> Lease | None:
+        """A lease if capacity allows one now (and nobody waits before it), else ``None``."""
+        with self._lock:
+            got = self._take(1, kind, on_stale)
+            return got[0] if got else None
 
     def acquire_now(self, kind: str = "rollout", on_stale: Callable[[Lease], None] | None = None) -> Lease:
         """:meth:`try_acquire`, raising :class:`NoCapacity` instead of returning ``None``."""
@@ -300,53 +333,67 @@ class StalenessGate:
 
     async def acquire(self, kind: str = "rollout", *, timeout_s: float | None = None,
                       on_stale: Callable[[Lease], None] | None = None,
-                      abandon: Callable[[], bool] | None = None) -> Lease:
+                      abandon: Callable[[], bool] | None = None) -> Lease | None:
         """Wait for capacity (pacing) and return a lease. :class:`NoCapacity` after ``timeout_s`` (default: the
-        gate's ``admission_timeout_s``); :class:`asyncio.CancelledError` once ``abandon()`` is true."""
+        gate's ``admission_timeout_s``); ``None`` once ``abandon()`` is true (the caller gave up waiting)."""
+        got = await self.acquire_group(1, kind, timeout_s=timeout_s, on_stale=on_stale, abandon=abandon)
+        return got[0] if got else None
+
+    async def acquire_group(self, n: int, kind: str = "rollout", *, timeout_s: float | None = None,
+                            on_stale: Callable[[Lease], None] | None = None,
+                            abandon: Callable[[], bool] | None = None) -> list[Lease] | None:
+        """:meth:`acquire` for ``n`` rollouts admitted together (a GRPO group: admitted one by one, a gate could hold
+        part of every group and complete none). Waiters are served in arrival order."""
         deadline = time.monotonic() + (self.admission_timeout_s if timeout_s is None else timeout_s)
         loop = asyncio.get_running_loop()
-        waited = False
-        while True:
-            lease = self.try_acquire(kind, on_stale)
-            if lease is not None:
-                return lease
-            if abandon is not None and abandon():
-                raise asyncio.CancelledError
-            left = deadline - time.monotonic()
-            if left <= 0:
+        ticket = object()
+        with self._lock:
+            most = capacity(self.local_concurrent, 0, self.max_staleness, 0, self.local_batch, 0)
+            if most is not None and n > most:
+                raise GateError(f"a group of {n} can never be admitted: at most {most} rollouts run at once "
+                                "((max_staleness + 1) * batch_size, max_concurrent)")
+            got = self._take(n, kind, on_stale)
+            if got:
+                return got
+            self._queue.append(ticket)
+            self.counts["waited"] += 1
+        try:
+            while True:
+                if abandon is not None and abandon():
+                    return None
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    with self._lock:
+                        self.counts["refused"] += 1
+                    raise NoCapacity(self._refusal(waited_s=True), self.status())
+                fut = loop.create_future()
                 with self._lock:
-                    self.counts["refused"] += 1
-                raise NoCapacity(self._refusal(waited_s=True), self.status())
-            if not waited:
-                waited = True
-                with self._lock:
-                    self.counts["waited"] += 1
-            fut = loop.create_future()
+                    got = self._take(n, kind, on_stale, ticket)
+                    if got:
+                        return got
+                    self._waiters.append((loop, fut))
+                try:  # woken by any change that can open capacity; the short cap re-checks abandon()
+                    await asyncio.wait_for(fut, min(left, 0.5))
+                except asyncio.TimeoutError:
+                    pass
+                finally:
+                    with self._lock:
+                        if (loop, fut) in self._waiters:
+                            self._waiters.remove((loop, fut))
+        finally:
             with self._lock:
-                self._waiters.append((loop, fut))
-            try:  # woken by any change that can open capacity; the short cap re-checks abandon()
-                await asyncio.wait_for(fut, min(left, 0.5))
-            except asyncio.TimeoutError:
-                pass
-            finally:
-                with self._lock:
-                    if (loop, fut) in self._waiters:
-                        self._waiters.remove((loop, fut))
+                if ticket in self._queue:
+                    self._queue.remove(ticket)
+                    self._wake()  # the next in line may go now
 
     def grant(self, n: int = 1) -> int:
         """AReaL's ``/grant_capacity``: admit ``n`` rollouts now, to be spent by sessions (:meth:`claim`). Raises
         :class:`NoCapacity` (nothing granted) when the rule has no room for all ``n``. Returns the granted count."""
-        leases = []
-        for _ in range(n):
-            lease = self.try_acquire("grant")
-            if lease is None:
-                for got in leases:
-                    self.cancel(got)
-                with self._lock:
-                    self.counts["refused"] += 1
-                raise NoCapacity(self._refusal(), self.status())
-            leases.append(lease)
         with self._lock:
+            leases = self._take(n, "grant", None)
+            if leases is None:
+                self.counts["refused"] += 1
+                raise NoCapacity(self._refusal(), self.status())
             self.granted.extend(leases)
             return len(self.granted)
 

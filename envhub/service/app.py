@@ -9,6 +9,10 @@
 ``POST /start``             start the worker pools (the server starts them itself unless told not to)
 ``POST /stop``              cancel everything in flight, stop the pools and every sandbox
 ``GET /status``             queue depth and in-flight per stage, job counts, backends with their assignments
+``GET /staleness``          the staleness gate (:mod:`envhub.rollout.staleness`): version, capacity, counts
+``POST /staleness``         its settings ``{max_staleness, batch_size, max_concurrent, mode, ...}``
+``POST /staleness/report``  the trainer: ``{version?, consumed?, discarded?}``; every ``/process`` job is admitted
+                            by the gate (it waits while there is no room; 429 after ``admission_timeout_s``)
 ``GET /healthz``            liveness
 ``GET /openapi.json``       the schema (``/docs`` renders it)
 ==========================  ==============================================================================
@@ -68,6 +72,17 @@ def _readable(errors: list[dict[str, Any]]) -> str:
         where = ".".join(str(x) for x in e.get("loc", ()) if x != "body") or "body"
         parts.append(f"{where}: {e.get('msg', 'invalid')}")
     return "; ".join(parts)
+
+
+def _gate_route(service: Any, path: str, body: dict[str, Any] | None) -> dict[str, Any]:
+    from envhub.rollout.staleness import GateError, http_route
+
+    try:
+        out = http_route(service.gate, "POST", path, body)
+    except GateError as e:
+        raise ServiceError(400, str(e)) from None
+    assert out is not None
+    return out
 
 
 def create_app(service: Any, *, token: str | None = None, autostart: bool = True,
@@ -150,6 +165,23 @@ def create_app(service: Any, *, token: str | None = None, autostart: bool = True
     async def status() -> dict[str, Any]:
         """Queues and in-flight jobs per stage, job counts, backends with their assigned rollouts."""
         return service.status()
+
+    @app.get("/staleness")
+    async def staleness() -> dict[str, Any]:
+        """The staleness gate: the trainer's version, capacity, running / accepted / rejected, its settings."""
+        return service.gate.status()
+
+    @app.post("/staleness")
+    async def configure_staleness(body: dict[str, Any] | None = Body(default=None)) -> dict[str, Any]:
+        """Set the gate: ``max_staleness`` (eta), ``batch_size`` (B), ``max_concurrent``, ``mode``
+        (pace | drop | withhold), ``token_max_staleness``, ``replicas``, ``replica``, ``admission_timeout_s``."""
+        return _gate_route(service, "/staleness", body)
+
+    @app.post("/staleness/report")
+    async def report_staleness(body: dict[str, Any] | None = Body(default=None)) -> dict[str, Any]:
+        """The trainer's report: ``{version?, consumed?, discarded?}`` (after each weight update; samples trained;
+        delivered samples it filtered out)."""
+        return _gate_route(service, "/staleness/report", body)
 
     @app.get("/healthz")
     async def healthz() -> dict[str, Any]:

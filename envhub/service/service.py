@@ -18,13 +18,29 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections import OrderedDict
 from typing import Any
 
 from envhub.service.jobs import Job, PhaseTimer, ResultCache, encode_result
 from envhub.service.pipeline import Pipeline
 from envhub.service.sandboxes import SandboxProvider
 from envhub.rollout.request import RequestError, RolloutRequest, TaskIndex, TaskNotFound
+from envhub.rollout.staleness import GateError, Lease, NoCapacity, StalenessGate
 from envhub.service.schemas import ProcessRequest, ServiceError, fingerprint
+
+GROUP_CLAIM_S = 5.0  # a group's members are sent together: a lease none claimed by then is given back
+
+
+class GroupAdmission:
+    """The leases of one group (jobs sharing ``instance.group_id``), admitted at once when its first member
+    arrives, handed to its members as they arrive."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self.members: set[str] = set()
+        self.task: asyncio.Future | None = None
+        self.leases: list[Lease] | None = None  # admitted and not yet claimed
+        self.gone = 0  # members cancelled before they got a lease
 
 
 class RolloutService:
@@ -41,12 +57,14 @@ class RolloutService:
         backend_wait_s: how long a rollout waits for a backend when the pool is empty (checkpoint swap).
         result_cache: finished results kept for retried job ids.
         hub: where env ids are resolved (default: the process-wide plugin hub).
+        gate: the :class:`~envhub.rollout.staleness.StalenessGate` that admits every job and harness session
+            (``POST /staleness`` configures it; default: no bound, it only counts).
     """
 
     def __init__(self, tokenizer: Any, *, backends: list[Any] | None = None, init_workers: int = 8,
                  run_workers: int = 16, eval_workers: int = 4, timeout_s: float | None = 300.0,
                  sandbox_pool: int = 2, backend_wait_s: float = 120.0, result_cache: int = 10_000,
-                 hub: Any = None, max_sandboxes: int | None = None):
+                 hub: Any = None, max_sandboxes: int | None = None, gate: StalenessGate | None = None):
         from envhub.backends.pool import BackendPool
 
         self.tokenizer = tokenizer
@@ -67,6 +85,12 @@ class RolloutService:
         self._index: TaskIndex | None = None  # specs and task sets, loaded on first use
         self._load_lock: asyncio.Lock | None = None
         self._harness_runner: Any = None  # the gateway, on a Unix socket, for harness jobs (started on first use)
+        self.gate = gate if gate is not None else StalenessGate()
+        self._leases: dict[str, Lease] = {}  # job id -> its admission, until the job's result is final
+        self._lease_jobs: dict[int, str] = {}  # lease id -> job id (drop mode cancels the job of a stale lease)
+        self._groups: dict[str, GroupAdmission] = {}  # group id -> its admission, until every lease is claimed
+        self._groups_closed: OrderedDict[str, None] = OrderedDict()  # groups whose leases are all handed out
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     # ---- lifecycle ----------------------------------------------------------------------------------------------
     @property
@@ -125,7 +149,7 @@ class RolloutService:
         if not self.pool.backends:
             raise ServiceError(503, "no LLM server: POST /add_llm_server {\"address\": \"http://host:port\"} first")
         self._cancelled.discard(job_id)
-        task = asyncio.ensure_future(self._run(job_id, fp, req))
+        task = asyncio.ensure_future(self._gated_run(job_id, fp, req))
         self._inflight[job_id] = (fp, task)
         task.add_done_callback(lambda t: self._done(job_id, t))
         return await asyncio.shield(task)  # a dropped connection must not cancel the job: a retry joins it
@@ -164,6 +188,7 @@ class RolloutService:
             episode = await self._harness_episode(request.instance.harness, spec, task, config, timeout)
         else:
             episode = Episode(spec, task, self.pool, self.tokenizer, config, session_id=job_id)
+        await self._admit(job_id, episode, req.instance)  # the staleness gate: waits while it has no room (AReaL's rule)
         job = Job(job_id, spec, task, dict(req.instance), episode, PhaseTimer(timeout), loop.create_future(),
                   fingerprint=fp)
         if ignored:
@@ -177,6 +202,105 @@ class RolloutService:
             self.pipeline.cancel(job_id)
         await job.future
         return job.body
+
+    async def _gated_run(self, job_id: str, fp: str, req: ProcessRequest) -> bytes:
+        self._loop = asyncio.get_running_loop()
+        try:
+            return await self._run(job_id, fp, req)
+        finally:  # admitted but never finished (refused, stopped while admitted): the slot is given back
+            lease = self._leases.pop(job_id, None)
+            if lease is not None:
+                self.gate.cancel(lease)
+                self._lease_jobs.pop(lease.id, None)
+
+    async def _admit(self, job_id: str, episode: Any, instance: dict[str, Any]) -> None:
+        """Wait for the gate to admit this job (429 after ``admission_timeout_s``). A job cancelled while it waits
+        takes no slot: it is cancelled before it starts. Jobs naming a group (``instance.group_id`` and
+        ``group_size``, as the DAPO collector sends) are admitted together (:class:`GroupAdmission`)."""
+        gid, size = instance.get("group_id"), instance.get("group_size")
+        try:
+            if isinstance(gid, str) and isinstance(size, int) and not isinstance(size, bool) and size > 1:
+                lease = await self._group_lease(job_id, gid, size)
+            else:
+                lease = await self.gate.acquire("job", on_stale=self._stale,
+                                                abandon=lambda: job_id in self._cancel_pending)
+        except (NoCapacity, GateError) as e:
+            self.counts["rejected"] += 1
+            raise ServiceError(429 if isinstance(e, NoCapacity) else 400, str(e)) from None
+        if lease is not None:
+            self._leases[job_id] = lease
+            self._lease_jobs[lease.id] = job_id
+            if hasattr(episode, "lease"):  # a harness episode: its gateway session runs under the job's admission
+                episode.lease = lease
+
+    def _stale(self, lease: Lease) -> None:
+        """Drop mode: the trainer's report made this job stale (called on whatever thread reported): cancel it."""
+        job_id = self._lease_jobs.get(lease.id)
+        if job_id is not None and self._loop is not None:
+            self._loop.call_soon_threadsafe(
+                self.pipeline.cancel, job_id, f"stale: dispatched at version {lease.dispatch_version}, the trainer "
+                f"is at {self.gate.version} (max_staleness {self.gate.max_staleness}, mode drop)")
+
+    async def _group_lease(self, job_id: str, gid: str, size: int) -> Lease | None:
+        """One lease of the group's ``size``, admitted together when its first member arrives; leases no member
+        claims within ``GROUP_CLAIM_S`` (a member cancelled before it was sent) are given back."""
+        self._loop = asyncio.get_running_loop()
+        g = self._groups.get(gid)
+        if g is None and gid in self._groups_closed:  # a member later than its group: admitted on its own
+            return await self.gate.acquire("job", on_stale=self._stale, abandon=lambda: job_id in self._cancel_pending)
+        if g is None:
+            g = self._groups[gid] = GroupAdmission(size)
+            g.task = asyncio.ensure_future(self.gate.acquire_group(  # given up once no member waits any more
+                size, "job", on_stale=self._stale, abandon=lambda: not g.members - self._cancel_pending))
+            g.task.add_done_callback(lambda t: self._group_admitted(gid, g, t))
+        g.members.add(job_id)
+        while not g.task.done() and job_id not in self._cancel_pending:
+            await asyncio.wait([g.task], timeout=0.2)
+        if not g.task.done() or g.task.result() is None:
+            g.members.discard(job_id)  # cancelled while it waited: its share goes back as soon as there is one
+            g.gone += 1
+            self._give_back_gone(gid, g)
+            return None
+        if g.leases is None:
+            g.leases = list(g.task.result())
+        if not g.leases:  # more members than the group said: admitted on its own
+            return await self.gate.acquire("job", on_stale=self._stale, abandon=lambda: job_id in self._cancel_pending)
+        lease = g.leases.pop()
+        if not g.leases:
+            self._groups.pop(gid, None)
+            self._groups_closed[gid] = None
+        return lease
+
+    def _group_admitted(self, gid: str, g: GroupAdmission, task: asyncio.Future) -> None:
+        if task.cancelled() or task.exception() is not None or task.result() is None:
+            if self._groups.get(gid) is g:
+                del self._groups[gid]
+            return
+        if g.leases is None:
+            g.leases = list(task.result())
+        self._give_back_gone(gid, g)  # members cancelled while the group waited take no slot
+        if self._loop is not None and g.leases:
+            self._loop.call_later(GROUP_CLAIM_S, self._unclaimed, gid, g)
+
+    def _give_back_gone(self, gid: str, g: GroupAdmission) -> None:
+        if g.leases is None:
+            return  # not admitted yet: done when it is
+        while g.gone and g.leases:
+            g.gone -= 1
+            self.gate.cancel(g.leases.pop())
+        if not g.leases and self._groups.get(gid) is g:
+            del self._groups[gid]
+            self._groups_closed[gid] = None
+
+    def _unclaimed(self, gid: str, g: GroupAdmission) -> None:
+        self._groups_closed[gid] = None
+        while len(self._groups_closed) > 10_000:
+            self._groups_closed.popitem(last=False)
+        if self._groups.get(gid) is g:
+            del self._groups[gid]
+        for lease in g.leases or []:
+            self.gate.cancel(lease)
+        g.leases = []
 
     async def _harness_episode(self, harness: Any, spec: Any, task: dict, config: Any, timeout: Any) -> Any:
         """An unmodified agent CLI for this job (``instance.harness``): its model calls go through the gateway to
@@ -192,7 +316,7 @@ class RolloutService:
         if self._harness_runner is None:
             from envhub.gateway import Gateway
 
-            self._harness_runner = await HarnessRunner.in_loop(Gateway(self.pool, self.tokenizer))
+            self._harness_runner = await HarnessRunner.in_loop(Gateway(self.pool, self.tokenizer, gate=self.gate))
         backend = None
         if self.pool.backends and all(getattr(b, "name", "") == "golden" for b in self.pool.backends.values()):
             from envhub.backends.scripted import ScriptedBackend
@@ -202,6 +326,16 @@ class RolloutService:
                               timeout_s=float(timeout or 600.0), session_backend=backend)
 
     def _on_finish(self, job: Job, result: dict[str, Any]) -> None:
+        lease = self._leases.pop(job.id, None)
+        if lease is not None:  # what the gate makes of it: fresh, withheld (baseline only), dropped, failed
+            self._lease_jobs.pop(lease.id, None)
+            verdict = self.gate.finish(lease, ok=result.get("critical_error") is None,
+                                       versions=result.get("response_versions"))
+            result.setdefault("details", {})["staleness"] = verdict
+            if verdict["verdict"] in ("withheld", "dropped"):
+                result["filter"] = True  # ProRL's "do not train on this"; a withheld reward still counts in its group
+            if verdict["verdict"] == "dropped":
+                result["critical_error"] = result.get("critical_error") or "stale"
         job.body = encode_result(result)
         if result.get("finish_reason") == "cancelled":  # never replayed: a retry with this id runs a new job
             return
@@ -308,6 +442,7 @@ class RolloutService:
             "active_eval": st["eval"]["in_flight"], "total": queued + active, "pending_jobs": len(self._inflight),
             "stages": st,
             "jobs": {**p["jobs"], **self.counts},
+            "staleness": self.gate.status(),
             "backends": pool["backends"],
             "sessions": pool["sessions"],
             "sandboxes": p["sandboxes"],

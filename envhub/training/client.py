@@ -240,7 +240,11 @@ class RolloutClient:
             else:
                 if status == 200:
                     self._where.pop(job_id, None)
-                    return data if raw else _trajectory(data)
+                    if raw:
+                        return data
+                    traj = _trajectory(data)
+                    traj.details["server"] = target.url  # whose staleness gate admitted it (report discards there)
+                    return traj
                 detail = data.get("detail") if isinstance(data, dict) else data
                 if status not in RETRY_STATUSES:
                     self._where.pop(job_id, None)
@@ -296,6 +300,21 @@ class RolloutClient:
     async def start(self) -> list[dict[str, Any]]:
         return await self._all("POST", "/start")
 
+    async def report_staleness(self, *, server: str | None = None, **report: int) -> list[dict[str, Any]]:
+        """The trainer's report to the staleness gate (``POST /staleness/report``): ``version=``, ``consumed=``,
+        ``discarded=``. ``server``: only that one (discards belong to the server whose gate accepted the samples:
+        ``traj.details["server"]``); else every server (a version)."""
+        if server is None:
+            return await self._all("POST", "/staleness/report", report)
+        target = next((s for s in self.servers if s.url == server), None)
+        if target is None:
+            raise RolloutClientError(f"{server} is not one of this client's servers")
+        status, data = await self._call(target, "POST", "/staleness/report", report)
+        if status != 200:
+            detail = data.get("detail") if isinstance(data, dict) else data
+            raise RolloutClientError(f"{server}/staleness/report answered {status}: {detail}", status, detail)
+        return [data]
+
     async def stop(self) -> list[dict[str, Any]]:
         return await self._all("POST", "/stop")
 
@@ -305,6 +324,6 @@ def _trajectory(data: dict[str, Any]) -> Any:
 
     traj = Trajectory.from_dict(data)  # a ProRL-shaped reply: back to envhub's plain, untrimmed message log
     traj.details.setdefault("job_id", data.get("job_id"))
-    for key in ("timing", "critical_error", "trajectory_id", "instance_id"):  # ProRL's extras, kept
+    for key in ("timing", "critical_error", "trajectory_id", "instance_id", "filter"):  # ProRL's extras, kept
         traj.details[key] = data.get(key)
     return traj
