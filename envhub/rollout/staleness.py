@@ -190,10 +190,10 @@ class StalenessGate:
                   replica: Any = _UNSET, admission_timeout_s: Any = _UNSET) -> dict[str, Any]:
         """Change any of the settings (the rest stay); checked as a whole before anything changes."""
         with self._lock:
-            new = {"max_staleness": self.max_staleness, "batch_size": self.batch_size,
-                   "max_concurrent": self.max_concurrent, "mode": self.mode,
-                   "token_max_staleness": self.token_max_staleness, "replicas": self.replicas,
-                   "replica": self.replica, "admission_timeout_s": self.admission_timeout_s}
+            new: dict[str, Any] = {"max_staleness": self.max_staleness, "batch_size": self.batch_size,
+                                   "max_concurrent": self.max_concurrent, "mode": self.mode,
+                                   "token_max_staleness": self.token_max_staleness, "replicas": self.replicas,
+                                   "replica": self.replica, "admission_timeout_s": self.admission_timeout_s}
             given = {"max_staleness": max_staleness, "batch_size": batch_size, "max_concurrent": max_concurrent,
                      "mode": mode, "token_max_staleness": token_max_staleness, "replicas": replicas,
                      "replica": replica, "admission_timeout_s": admission_timeout_s}

@@ -128,3 +128,17 @@ def test_bad_gate_requests_are_refused_and_change_nothing(gated):
         assert r.status_code == 400 and r.json()["error"]["message"], (path, body, r.text)
     assert post(srv, "/staleness/report", {"version": 2}, key="not-admin").status_code == 403
     assert gw.gate.status() == before
+
+
+def test_a_session_under_a_callers_lease_takes_no_second_slot(tiny_tokenizer):
+    """How a harness episode of a rollout-service job starts its session: under the job's lease, on the service's
+    own gate (one budget for jobs and sessions). The gateway neither admits again nor releases the job's lease."""
+    gate = StalenessGate(max_staleness=0, batch_size=1)
+    gw = Gateway(ScriptedBackend(agent_policy), tiny_tokenizer, gate=gate)
+    job_lease = gate.acquire_now("job")
+    session = gw.start_session("harness", lease=job_lease)
+    with pytest.raises(NoCapacity):
+        gw.start_session("other")                  # the one slot is the job's
+    gw.end_session(session)
+    assert gate.status()["running"] == 1 and not job_lease.released  # the job releases it when it finishes
+    assert gate.finish(job_lease)["verdict"] == "fresh"
