@@ -178,3 +178,39 @@ async def test_bad_gate_requests_are_refused_and_change_nothing(serve):
     after = httpx.get(srv.url + "/staleness", timeout=10).json()
     assert {k: v for k, v in after.items() if k not in ("version", "accepted", "recovered", "capacity")} == \
         {k: v for k, v in before.items() if k not in ("version", "accepted", "recovered", "capacity")}
+
+
+async def test_dapo_without_its_discard_reports_stalls_on_a_full_gate(serve, monkeypatch):
+    """The reason the collector reports discards: without them the two zero-variance groups it was admitted first
+    fill the budget (eta 0, B 8) with samples nobody trains, and the trainer waits on a gate at capacity 0."""
+    monkeypatch.setattr(DAPOCollector, "_discard", lambda self, outcomes: None)
+    srv = serve(run_workers=16)
+    httpx.post(srv.url + "/staleness", json={"max_staleness": 0, "batch_size": 8}, timeout=10).raise_for_status()
+    async with RolloutClient(srv.url) as c:
+        dapo = DAPOCollector(c, coin_prompts(400, solved_first=3, run_s=0.05), group_size=4, max_inflight=32,
+                             carry_groups=0)
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(dapo.collect(2, policy_version=0), 8)
+        gate = srv.service.gate.status()
+        assert gate["capacity"] == 0 and gate["running"] == 0 and gate["accepted"] == 8
+        await dapo.close()
+
+
+def test_withheld_members_stay_in_the_group_baseline_and_out_of_training():
+    """prime-rl#2960: a member the gate withheld keeps its reward in the group (the baseline the fresh members'
+    advantages are computed against) and is not trained on."""
+    from envhub.rollout.trajectory import Trajectory
+    from envhub.training.advantages import grpo_advantages
+    from envhub.training.dapo import Group
+
+    rewards = [1.0, 0.0, 0.0, 1.0]
+    verdicts = ["fresh", "withheld", "fresh", "fresh"]
+    trajs = [Trajectory("e", "t", reward=r, details={"staleness": {"verdict": v}}) for r, v in zip(rewards, verdicts)]
+    group = Group("g", {}, trajs)
+    assert group.rewards == rewards and group.informative
+    assert group.trainable == [True, False, True, True]
+    adv = grpo_advantages(group.rewards, group_size=4)
+    fresh_only = grpo_advantages([r for r, k in zip(rewards, group.trainable) if k], group_size=3)
+    trained = [a for a, k in zip(adv, group.trainable) if k]
+    assert trained == grpo_advantages(rewards, group_size=4)[:1] + grpo_advantages(rewards, group_size=4)[2:]
+    assert trained != fresh_only  # the baseline really differs without the withheld reward
