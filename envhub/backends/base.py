@@ -34,15 +34,25 @@ class SamplingParams:
 @dataclass
 class Generation:
     """What a backend sampled: ``token_ids`` exactly as sampled (EOS included when it was sampled), one logprob per
-    token, and why it stopped: ``"stop"`` (EOS or a stop string/token) or ``"length"`` (``max_tokens`` reached)."""
+    token, and why it stopped: ``"stop"`` (EOS or a stop string/token), ``"length"`` (``max_tokens`` reached), or
+    ``"abort"`` (stopped by a weight-update pause; only :func:`envhub.backends.lifecycle.generate_tagged` sees it,
+    it re-sends the rest).
+
+    ``versions``: the weight version that sampled each token, when the backend knows it (the server's own tag,
+    or the version its lifecycle set); ``None`` lets :func:`~envhub.backends.lifecycle.generate_tagged` tag the
+    call with the version it was admitted under. ``interruptions``: aborts survived inside this call."""
 
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: str = "stop"
+    versions: list[int] | None = None
+    interruptions: int = 0
 
     def __post_init__(self):
         if len(self.token_ids) != len(self.logprobs):
             raise ValueError(f"{len(self.token_ids)} token ids but {len(self.logprobs)} logprobs")
+        if self.versions is not None and len(self.versions) != len(self.token_ids):
+            raise ValueError(f"{len(self.token_ids)} token ids but {len(self.versions)} versions")
 
 
 class BackendError(RuntimeError):

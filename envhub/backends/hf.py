@@ -37,8 +37,10 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from envhub.backends.base import Generation, LLMBackend, SamplingParams
+from envhub.backends.lifecycle import ABORT, WeightLifecycle, lifecycle_of
 from envhub.backends.sampling import LOGPROBS_MODES, StopChecker, make_generator, sample_row
 
 _DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
@@ -73,6 +75,7 @@ class HFBackend(LLMBackend):
     """
 
     name = "hf"
+    samples_under_lifecycle = True  # stops between tokens on a pause (envhub.backends.lifecycle)
 
     def __init__(self, model_path: str | Path, *, dtype: str = "float32", device: str = "cpu",
                  max_batch_size: int = 8, batch_window_s: float = 0.002, logprobs_mode: str = "raw_logprobs",
@@ -174,19 +177,37 @@ class HFBackend(LLMBackend):
                     r.future.set_result(gen)
 
     def _run_batch(self, batch: list[_Request]) -> list[Generation]:
-        """Decode a batch to completion (worker thread)."""
+        """Decode a batch to completion (worker thread), under the weight-update lifecycle: between two tokens a
+        pause either holds the batch (then the context is re-run under the new weights, so every token's logprob is
+        its tagged version's) or aborts it (each unfinished row returns what it sampled, ``finish_reason="abort"``)."""
         import torch
 
-        self.batches.append(len(batch))
-        n = len(batch)
-        width = max(len(r.prompt_ids) for r in batch)
+        lc = lifecycle_of(self)
+        version = lc.enter_blocking()
+        try:
+            return self._decode(batch, lc, version, torch)
+        finally:
+            lc.exit()
+
+    def _prefill(self, batch: list[_Request], out_ids: list[list[int]], torch: Any) -> tuple[Any, Any, Any]:
+        """Run every row's prompt + what it sampled so far (left padded: each row's next token sits at the last
+        column); returns the model output, the attention mask and the last positions."""
+        rows = [r.prompt_ids + out for r, out in zip(batch, out_ids)]
+        n, width = len(rows), max(len(row) for row in rows)
         ids = torch.full((n, width), self.pad_token_id, dtype=torch.long)
         mask = torch.zeros((n, width), dtype=torch.long)
-        for i, r in enumerate(batch):  # left padding: every row's next token sits at the last column
-            ids[i, width - len(r.prompt_ids):] = torch.tensor(r.prompt_ids)
-            mask[i, width - len(r.prompt_ids):] = 1
+        for i, row in enumerate(rows):
+            ids[i, width - len(row):] = torch.tensor(row)
+            mask[i, width - len(row):] = 1
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        dev = self.device
+        step = self.model(input_ids=ids.to(dev), attention_mask=mask.to(dev), position_ids=positions.to(dev),
+                          use_cache=True)
+        return step, mask, positions[:, -1:]
 
+    def _decode(self, batch: list[_Request], lc: WeightLifecycle, version: int, torch: Any) -> list[Generation]:
+        self.batches.append(len(batch))
+        n = len(batch)
         checkers, generators, modes = [], [], []
         for r in batch:
             limit = r.params.max_tokens
@@ -197,12 +218,12 @@ class HFBackend(LLMBackend):
             modes.append(r.params.extra.get("logprobs_mode", self.logprobs_mode))
         out_ids: list[list[int]] = [[] for _ in batch]
         out_lps: list[list[float]] = [[] for _ in batch]
+        out_versions: list[list[int]] = [[] for _ in batch]
         finish: list[str | None] = [None] * n
 
         with torch.inference_mode():
             dev = self.device
-            step = self.model(input_ids=ids.to(dev), attention_mask=mask.to(dev), position_ids=positions.to(dev),
-                              use_cache=True)
+            step, mask, positions = self._prefill(batch, out_ids, torch)
             while True:
                 logits = step.logits[:, -1, :].float().cpu()
                 next_tokens = []
@@ -213,14 +234,24 @@ class HFBackend(LLMBackend):
                     tok, lp = sample_row(logits[i], r.params, generators[i], modes[i])
                     out_ids[i].append(tok)
                     out_lps[i].append(lp)
+                    out_versions[i].append(version)
                     self.tokens_sampled += 1
                     finish[i] = checkers[i](out_ids[i])
                     next_tokens.append(tok)
                 if all(f is not None for f in finish):
                     break
+                event = lc.checkpoint()
+                if event == ABORT:
+                    finish = [f or ABORT for f in finish]
+                    break
+                if event is not None:  # held, then resumed: the next token is the new weights' (context re-run)
+                    version = int(event)
+                    step, mask, positions = self._prefill(batch, out_ids, torch)
+                    continue
                 mask = torch.cat([mask, torch.ones((n, 1), dtype=torch.long)], dim=1)
-                positions = positions[:, -1:] + 1
+                positions = positions + 1
                 step = self.model(input_ids=torch.tensor(next_tokens, device=dev).unsqueeze(1),
                                   attention_mask=mask.to(dev), position_ids=positions.to(dev),
                                   past_key_values=step.past_key_values, use_cache=True)
-        return [Generation(out_ids[i], out_lps[i], finish[i] or "length") for i in range(n)]
+        return [Generation(out_ids[i], out_lps[i], finish[i] or "length", versions=out_versions[i])
+                for i in range(n)]

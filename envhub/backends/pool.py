@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from envhub.backends.base import BackendError, Generation, LLMBackend, SamplingParams
+from envhub.backends.lifecycle import PausedTooLong, generate_tagged, lifecycle_of
 
 FAILOVER_ERRORS: tuple[type[BaseException], ...] = (BackendError, ConnectionError, TimeoutError, asyncio.TimeoutError)
 """Errors that mean "this backend is unwell", so the pool moves the session elsewhere. Not every ``OSError``: a
@@ -86,6 +87,7 @@ class BackendPool(LLMBackend):
     """
 
     name = "pool"
+    samples_under_lifecycle = True  # its members' calls go through generate_tagged, under the pool's lifecycle
 
     def __init__(self, backends: Any = None, *, revive_after: float | None = 30.0, wait_timeout: float = 60.0,
                  max_attempts: int | None = None):
@@ -118,6 +120,7 @@ class BackendPool(LLMBackend):
                 raise ValueError(f"a different backend is already in the pool as {name!r}; remove it first")
             member.healthy, member.last_error = True, None
             return name
+        backend.lifecycle = lifecycle_of(self)  # type: ignore[attr-defined]  # one policy: one version, one pause
         member = _Member(name, backend)
         self._members[name] = member
         self._push(member)
@@ -211,7 +214,9 @@ class BackendPool(LLMBackend):
                 member.in_flight += 1
                 member.requests += 1
                 try:
-                    return await member.backend.generate(prompt_ids, params, session_id=session_id)
+                    return await generate_tagged(member.backend, prompt_ids, params, session_id=session_id)
+                except PausedTooLong:
+                    raise  # the trainer never resumed: not this backend's fault, and no other would do better
                 except FAILOVER_ERRORS as e:
                     attempts += 1
                     errors.append(f"{member.name}: {e}")

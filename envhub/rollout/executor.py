@@ -23,6 +23,7 @@ from dataclasses import replace
 from typing import Any
 
 from envhub.backends.base import LLMBackend
+from envhub.backends.lifecycle import generate_tagged, lifecycle_of
 from envhub.codec.messages import with_system_note
 from envhub.env import Message, Task, TextEnv
 from envhub.failurelog import log_failure
@@ -148,6 +149,7 @@ class Episode:
         # prompt_ids + response_ids every turn (O(length) per turn). Backends read it during generate() only.
         context = t.prompt_ids + t.response_ids
         response_ids, mask, logprobs, metrics = t.response_ids, t.response_mask, t.response_logprobs, t.metrics
+        versions = t.response_versions
         sampling, session_id, clock = cfg.sampling, self.session_id, time.perf_counter
         while True:
             budget = max_length - len(context)
@@ -155,7 +157,7 @@ class Episode:
                 return self._cut("length", model_cut=t.num_turns == 0)  # only a prompt filling the budget cuts the model
             params = sampling if sampling.max_tokens <= budget else replace(sampling, max_tokens=budget)
             t0 = clock()
-            gen = await backend.generate(context, params, session_id=session_id)
+            gen = await generate_tagged(backend, context, params, session_id=session_id)
             t1 = clock()
             metrics["gen_s"] += t1 - t0
             ids = gen.token_ids
@@ -163,6 +165,9 @@ class Episode:
             context += ids
             mask += [1] * len(ids)
             logprobs += map(float, gen.logprobs)
+            versions += gen.versions or ()
+            if gen.interruptions:
+                metrics["interruptions"] = metrics.get("interruptions", 0) + gen.interruptions
             t.num_turns += 1
             # True only for the template's own end-of-turn token: after another EOS the delta must still close the turn
             self._sampled_eos = codec.ends_turn(ids)
@@ -191,6 +196,7 @@ class Episode:
             context += delta
             mask += [0] * len(delta)
             logprobs += [0.0] * len(delta)
+            versions += [-1] * len(delta)
             if t.num_turns >= max_turns:
                 return self._cut("max_turns")
 
@@ -284,7 +290,7 @@ async def rollout(spec: EnvSpec, task: Task, backend: LLMBackend, tokenizer: Any
         await ep.evaluate()
 
     try:
-        await asyncio.wait_for(stages(), timeout_s)
+        await wait_excluding_pauses(stages(), timeout_s, backend)
     except asyncio.TimeoutError:
         ep.fail("timeout", f"rollout took longer than {timeout_s}s")
     except asyncio.CancelledError:
@@ -294,6 +300,27 @@ async def rollout(spec: EnvSpec, task: Task, backend: LLMBackend, tokenizer: Any
         await ep.close()
     return ep.trajectory()
 
+
+
+async def wait_excluding_pauses(coro: Any, timeout_s: float | None, backend: LLMBackend) -> Any:
+    """``asyncio.wait_for(coro, timeout_s)`` where time the backend's weights spent paused does not count (a weight
+    update must not time an episode out: ProRL's ``PausableTimer``, extended to paused time)."""
+    if timeout_s is None:
+        return await coro
+    lc, t0 = lifecycle_of(backend), time.monotonic()
+    task = asyncio.ensure_future(coro)
+    try:
+        while True:
+            left = t0 + timeout_s + lc.paused_s(t0) - time.monotonic()
+            done, _ = await asyncio.wait({task}, timeout=max(0.05 if lc.paused else 0.0, left))
+            if done:
+                return task.result()
+            if t0 + timeout_s + lc.paused_s(t0) <= time.monotonic() and not lc.paused:
+                raise asyncio.TimeoutError
+    finally:
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
 
 
 async def run_request(request: RolloutRequest, backend: LLMBackend, tokenizer: Any, *, index: TaskIndex | None = None,

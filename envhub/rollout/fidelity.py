@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from envhub.codec.chat import ChatCodec, ChatTemplateError
+from envhub.rollout.versions import version_problems
 from envhub.rollout.trajectory import Trajectory
 
 MAX_SHOWN = 60  # chars of text shown around a mismatch
@@ -138,6 +139,7 @@ def check_trajectory(traj: Trajectory | dict[str, Any], tokenizer_or_codec: Any,
             problems.append(f"sampled token at position {i} has logprob {lp} > 0")
         if len(problems) > 20:
             break
+    problems += version_problems(traj)
 
     # 2. the prompt
     msgs = traj.messages

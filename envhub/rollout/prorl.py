@@ -43,12 +43,16 @@ import secrets
 from typing import Any
 
 #: keys the ProRL reply adds to each message; envhub's client strips them to get the plain text log back
-TOKEN_KEYS = ("token_ids", "input_ids", "logprobs", "envhub_template_only")
+TOKEN_KEYS = ("token_ids", "input_ids", "logprobs", "versions", "envhub_template_only")
 
 
 def prorl_messages(messages: list[dict[str, Any]], turns: list[tuple[int, int, int]], prompt_ids: list[int],
-                   response_ids: list[int], response_logprobs: list[float]) -> tuple[list[dict], list[dict]]:
+                   response_ids: list[int], response_logprobs: list[float],
+                   response_versions: list[int] | None = None) -> tuple[list[dict], list[dict]]:
     """``(messages with ProRL's token fields, trimmed to the last assistant message; the trailing messages)``.
+
+    With ``response_versions``, each assistant message also carries ``versions``: the weight version that sampled
+    each of its ``token_ids`` (envhub's addition; ProRL's clients ignore keys they do not know).
 
     ``turns``: one ``(index in messages, start, end)`` per model call, ``response_ids[start:end]`` being what it
     sampled (``Episode.turns``). Raises ``ValueError`` when the turns do not tile the ids (a bug, not bad input).
@@ -67,6 +71,8 @@ def prorl_messages(messages: list[dict[str, Any]], turns: list[tuple[int, int, i
             raise ValueError(f"turn {k} starts at {start}, inside the previous turn")
         out.append({**messages[index], "token_ids": response_ids[start:end], "input_ids": prompt_ids + response_ids[:start],
                     "logprobs": [float(x) for x in response_logprobs[start:end]]})
+        if response_versions:
+            out[-1]["versions"] = [int(v) for v in response_versions[start:end]]
         nxt = turns[k + 1] if k + 1 < len(turns) else None
         env_ids = response_ids[end:nxt[1]] if nxt else response_ids[end:]
         env_msgs = messages[index + 1:nxt[0]] if nxt else []
@@ -104,7 +110,7 @@ def prorl_fields(traj: Any, turns: list[tuple[int, int, int]]) -> dict[str, Any]
         messages, trailing = [], [dict(m) for m in traj.messages]
     else:
         messages, trailing = prorl_messages(traj.messages, turns, traj.prompt_ids, traj.response_ids,
-                                            traj.response_logprobs)
+                                            traj.response_logprobs, traj.response_versions)
     done = traj.finish_reason == "done"
     return {"messages": messages, "trailing_messages": trailing, "score": float(traj.reward),
             "end_properly": done, "finish": done, "success": done}

@@ -4,6 +4,10 @@ The token record is exact: ``prompt_ids`` is the rendered prompt; ``response_ids
 tokens (``response_mask == 1``, exactly the ids the backend sampled, with their logprobs) interleaved with env tokens
 (``response_mask == 0``, the chat template's rendering of the env's replies, logprob 0.0). Nothing is re-tokenized.
 
+``response_versions`` (one per ``response_ids`` entry, AReaL's convention): the weight version that sampled each
+model token, ``-1`` on env tokens; reduce it to a trainer's form with :mod:`envhub.rollout.versions`. Empty when
+nothing recorded versions (a trajectory from before they existed, or built by hand).
+
 A failed rollout is still a well-formed trajectory: ``finish_reason == "error"`` and ``error`` says why.
 """
 from __future__ import annotations
@@ -23,6 +27,7 @@ class Trajectory:
     response_ids: list[int] = field(default_factory=list)
     response_mask: list[int] = field(default_factory=list)
     response_logprobs: list[float] = field(default_factory=list)
+    response_versions: list[int] = field(default_factory=list)
     reward: float = 0.0
     step_rewards: list[float] = field(default_factory=list)
     passed: bool = False

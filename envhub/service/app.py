@@ -8,6 +8,10 @@
 ``POST /clear_llm_server``  remove every backend; running rollouts wait for the next one (checkpoint swap)
 ``POST /start``             start the worker pools (the server starts them itself unless told not to)
 ``POST /stop``              cancel everything in flight, stop the pools and every sandbox
+``POST /pause``             ``{mode: hold|abort, timeout_s}`` → stop sampling for a weight update; answers once no
+                            token is being sampled (rollouts never see it: :mod:`envhub.backends.lifecycle`)
+``POST /resume``            ``{version?}`` → sampling continues, later tokens tagged ``version`` (409: no pause, or
+                            a version going backwards)
 ``GET /status``             queue depth and in-flight per stage, job counts, backends with their assignments
 ``GET /staleness``          the staleness gate (:mod:`envhub.rollout.staleness`): version, capacity, counts
 ``POST /staleness``         its settings ``{max_staleness, batch_size, max_concurrent, mode, ...}``
@@ -39,8 +43,8 @@ from fastapi.responses import JSONResponse, Response
 
 import envhub
 from envhub.http.limits import DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, RequestGuard
-from envhub.service.schemas import (CancelRequest, LLMServerRequest, ProcessRequest, ProcessResponse, ServiceError,
-                                    StartRequest)
+from envhub.service.schemas import (CancelRequest, LLMServerRequest, PauseRequest, ProcessRequest, ProcessResponse,
+                                    ResumeRequest, ServiceError, StartRequest)
 
 
 class BearerAuth:
@@ -145,6 +149,17 @@ def create_app(service: Any, *, token: str | None = None, autostart: bool = True
         where it is)."""
         removed = service.clear_backends()
         return {"status": "Cleared all LLM server addresses", "removed": removed}
+
+    @app.post("/pause")
+    async def pause(req: PauseRequest | None = Body(default=None)) -> dict[str, Any]:
+        """Stop sampling for a weight update; answers once no token is being sampled. Rollouts never see it."""
+        req = req or PauseRequest()
+        return await service.pause(req.mode, req.timeout_s)
+
+    @app.post("/resume")
+    async def resume(req: ResumeRequest | None = Body(default=None)) -> dict[str, Any]:
+        """Sampling continues; later tokens are tagged ``version``."""
+        return service.resume((req or ResumeRequest()).version)
 
     @app.post("/start")
     async def start(req: StartRequest | None = Body(default=None)) -> dict[str, Any]:

@@ -23,7 +23,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field, fields
 from enum import Enum
-from typing import Any
+from typing import Any, Callable
 
 from envhub.service.errors import scrub
 from envhub.rollout.prorl import encode_with_shared_contexts, prorl_fields
@@ -45,18 +45,22 @@ class State(str, Enum):
 
 
 class PhaseTimer:
-    """Counts the time a job spends inside stages; queue time is kept apart and never counts towards the timeout.
+    """Counts the time a job spends inside stages; queue time is kept apart and never counts towards the timeout,
+    and neither does time the policy's weights spent paused for an update (``paused_s``, the lifecycle's
+    :meth:`~envhub.backends.lifecycle.WeightLifecycle.paused_s`): a weight update must not time a rollout out.
 
     Args:
         timeout: seconds of in-stage time allowed (``None``: no limit).
+        paused_s: ``since -> seconds paused since then``; that time is moved from the stage to ``paused_time``.
     """
 
-    def __init__(self, timeout: float | None):
+    def __init__(self, timeout: float | None, paused_s: Callable[[float], float] | None = None):
         self.timeout = timeout
         self.created = time.monotonic()
         self.phase: str | None = None  # the stage being timed now, or None (queued / between stages)
         self._since = self.created
-        self.times = {"init": 0.0, "run": 0.0, "eval": 0.0, "others": 0.0}
+        self._paused_s = paused_s
+        self.times = {"init": 0.0, "run": 0.0, "eval": 0.0, "others": 0.0, "paused": 0.0}
         self.timeout_triggered = False
 
     def enter(self, stage: str) -> None:
@@ -67,14 +71,21 @@ class PhaseTimer:
         self._close()
         self.phase = None
 
+    def _split(self, now: float) -> tuple[float, float]:
+        """(unpaused, paused) seconds since the last phase change."""
+        paused = self._paused_s(self._since) if self._paused_s and self.phase else 0.0
+        return max(0.0, now - self._since - paused), paused
+
     def _close(self) -> None:
         now = time.monotonic()
-        self.times[self.phase or "others"] += now - self._since
+        counted, paused = self._split(now)
+        self.times[self.phase or "others"] += counted
+        self.times["paused"] += paused
         self._since = now
 
     def counted(self) -> float:
-        """Seconds spent inside stages so far (the stage running now included)."""
-        running = time.monotonic() - self._since if self.phase else 0.0
+        """Seconds spent inside stages so far (the stage running now included), paused time excluded."""
+        running = self._split(time.monotonic())[0] if self.phase else 0.0
         return self.times["init"] + self.times["run"] + self.times["eval"] + running
 
     def remaining(self) -> float | None:
@@ -86,7 +97,9 @@ class PhaseTimer:
     def timing(self) -> dict[str, Any]:
         """ProRL Agent's ``timing`` dict (every phase, the one running now included)."""
         times = dict(self.times)
-        times[self.phase or "others"] += time.monotonic() - self._since
+        counted, paused = self._split(time.monotonic())
+        times[self.phase or "others"] += counted
+        times["paused"] += paused
         return {
             "init_time": times["init"], "run_time": times["run"], "eval_time": times["eval"],
             "others_time": times["others"], "counted_elapsed": times["init"] + times["run"] + times["eval"],
@@ -141,6 +154,8 @@ def result_dict(job: Job) -> dict[str, Any]:
         traj.details.update(job.notes)
     timing = job.timer.timing()
     traj.metrics["queue_s"] = timing["others_time"]
+    if job.timer.times["paused"]:  # ProRL's timing keys stay as ProRL's; time paused for weight updates goes here
+        traj.metrics["paused_s"] = job.timer.times["paused"]
     # a shallow dict, not traj.to_dict(): asdict deep-copies every token id list (over a millisecond per job), and
     # this dict is encoded at once and never mutated below the top level
     out = {f.name: getattr(traj, f.name) for f in fields(traj)}

@@ -178,6 +178,8 @@ class Pipeline:
         task = job.current = asyncio.create_task(self._stage_coro(job, stage))
         try:
             done, _ = await asyncio.wait({task}, timeout=remaining)
+            while not done and (job.timer.remaining() or 0.0) > 0:  # paused time gave the job more
+                done, _ = await asyncio.wait({task}, timeout=max(0.05, job.timer.remaining() or 0.0))
             if not done:
                 task.cancel()
                 await asyncio.wait({task})  # let it unwind (RUN frees its sandbox on the way out)

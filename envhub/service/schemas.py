@@ -87,6 +87,20 @@ class LLMServerRequest(BaseModel):
     api: str = Field(default="completions", description="'completions' (vLLM) or 'sglang'.")
 
 
+class PauseRequest(BaseModel):
+    """``POST /pause``: stop sampling for a weight update. ``hold``: in-flight generations wait and continue under
+    the new weights; ``abort``: they are cut and re-sent as prompt + partial output after ``/resume``."""
+
+    mode: str = Field(default="hold", pattern="^(hold|abort)$")
+    timeout_s: float = Field(default=60.0, gt=0, le=3600)
+
+
+class ResumeRequest(BaseModel):
+    """``POST /resume``: sampling continues; ``version`` (must not go backwards) tags every later token."""
+
+    version: int | None = Field(default=None, ge=0)
+
+
 class StartRequest(BaseModel):
     """``POST /start`` takes no body (ProRL); these optional fields resize the pools when given."""
 
@@ -109,6 +123,8 @@ class ProcessResponse(BaseModel):
     response_ids: list[int]
     response_mask: list[int]
     response_logprobs: list[float]
+    response_versions: list[int] = Field(default_factory=list, description="the weight version that sampled each "
+                                         "response token, -1 on env tokens (AReaL's convention)")
     reward: float
     passed: bool
     resolved: bool = Field(description="ProRL: = passed")

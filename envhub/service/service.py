@@ -21,6 +21,7 @@ import uuid
 from collections import OrderedDict
 from typing import Any
 
+from envhub.backends.lifecycle import LifecycleError, WeightLifecycle, lifecycle_of
 from envhub.service.jobs import Job, PhaseTimer, ResultCache, encode_result
 from envhub.service.pipeline import Pipeline
 from envhub.service.sandboxes import SandboxProvider
@@ -91,6 +92,27 @@ class RolloutService:
         self._groups: dict[str, GroupAdmission] = {}  # group id -> its admission, until every lease is claimed
         self._groups_closed: OrderedDict[str, None] = OrderedDict()  # groups whose leases are all handed out
         self._loop: asyncio.AbstractEventLoop | None = None
+
+    # ---- weight updates ---------------------------------------------------------------------------------------------
+    @property
+    def lifecycle(self) -> WeightLifecycle:
+        """The policy's weight-update lifecycle, shared by every backend in the pool."""
+        return lifecycle_of(self.pool)
+
+    async def pause(self, mode: str = "hold", timeout_s: float = 60.0) -> dict[str, Any]:
+        """Stop sampling for a weight update (see :mod:`envhub.backends.lifecycle`); returns once nothing samples.
+        Rollouts do not notice: their calls wait (``hold``) or are re-sent after the resume (``abort``)."""
+        try:
+            return await asyncio.to_thread(self.lifecycle.pause, mode, timeout_s=timeout_s)
+        except LifecycleError as e:
+            raise ServiceError(409, str(e)) from None
+
+    def resume(self, version: int | None = None) -> dict[str, Any]:
+        """Let sampling continue, tagged ``version`` from now on."""
+        try:
+            return self.lifecycle.resume(version)
+        except LifecycleError as e:
+            raise ServiceError(409, str(e)) from None
 
     # ---- lifecycle ----------------------------------------------------------------------------------------------
     @property
@@ -189,7 +211,8 @@ class RolloutService:
         else:
             episode = Episode(spec, task, self.pool, self.tokenizer, config, session_id=job_id)
         await self._admit(job_id, episode, req.instance)  # the staleness gate: waits while it has no room (AReaL's rule)
-        job = Job(job_id, spec, task, dict(req.instance), episode, PhaseTimer(timeout), loop.create_future(),
+        timer = PhaseTimer(timeout, self.lifecycle.paused_s)  # paused for a weight update: not counted
+        job = Job(job_id, spec, task, dict(req.instance), episode, timer, loop.create_future(),
                   fingerprint=fp)
         if ignored:
             job.notes["ignored_params"] = ignored
@@ -447,5 +470,6 @@ class RolloutService:
             "sessions": pool["sessions"],
             "sandboxes": p["sandboxes"],
             "timeout_s": self.timeout_s,
+            "weights": self.lifecycle.status(),
             "uptime_s": round(time.time() - self.started_at, 3),
         }
