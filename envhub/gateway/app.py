@@ -32,6 +32,8 @@ envhub's own session API (admin): ``POST /sessions`` ``{task_id?}`` → ``{sessi
 ``GET /sessions/<id>`` → calls, chains and why each began, flags; ``POST /sessions/<id>/trajectories``
 ``{builder, reward, discount}`` → ``{"trajectories": [Trajectory dicts]}``; ``DELETE /sessions/<id>``;
 ``POST /rl/set_version`` ``{version}`` (the policy version recorded on later calls); ``GET /metrics``.
+``POST /pause`` ``{mode: hold|abort, timeout_s}`` and ``POST /resume`` ``{version?}``: a weight update the harness
+never sees (its HTTP call stays open; :mod:`envhub.backends.lifecycle`); every sampled token carries its version.
 The staleness gate (:mod:`envhub.rollout.staleness`; admin): ``GET /staleness``, ``POST /staleness`` (settings),
 ``POST /staleness/report`` ``{version?, consumed?, discarded?}`` (the trainer). Every session, from either route or
 from Python, is admitted by the gate (429 when it has no room).
@@ -53,6 +55,7 @@ import logging
 import math
 from typing import Any
 
+from envhub.backends.lifecycle import MODES, LifecycleError
 from envhub.gateway import areal
 from envhub.gateway.builders import BUILDERS, REWARD_MODES, build, summary
 from envhub.gateway.core import Gateway, UpstreamError
@@ -267,8 +270,31 @@ class GatewayApp:
             version = body.get("version", gw.policy_version + 1)
             if isinstance(version, bool) or not isinstance(version, int):
                 raise HTTPError(400, f"version must be an integer, got {version!r}", param="version")
-            gw.policy_version = version
+            try:
+                gw.policy_version = version
+            except LifecycleError as e:
+                raise HTTPError(409, str(e), param="version") from None
             return {"version": gw.policy_version}
+        if path == "/pause":  # a weight update: held calls continue (hold) or are re-sent (abort) after /resume
+            self._admin(key)
+            mode, timeout_s = body.get("mode", "hold"), body.get("timeout_s", 60.0)
+            if mode not in MODES:
+                raise HTTPError(400, f"mode must be one of {list(MODES)}, got {mode!r}", param="mode")
+            if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not 0 < timeout_s <= 3600:
+                raise HTTPError(400, f"timeout_s must be a number in (0, 3600], got {timeout_s!r}", param="timeout_s")
+            try:
+                return await asyncio.to_thread(gw.lifecycle.pause, mode, timeout_s=float(timeout_s))
+            except LifecycleError as e:
+                raise HTTPError(409, str(e)) from None
+        if path == "/resume":
+            self._admin(key)
+            version = body.get("version")
+            if version is not None and (isinstance(version, bool) or not isinstance(version, int)):
+                raise HTTPError(400, f"version must be an integer, got {version!r}", param="version")
+            try:
+                return gw.lifecycle.resume(version)
+            except LifecycleError as e:
+                raise HTTPError(409, str(e), param="version") from None
         if path == "/rl/set_reward":
             session = self._session(key)
             if session.ended:

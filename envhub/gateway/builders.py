@@ -92,7 +92,8 @@ def per_request(session: Session, *, reward: str = "outcome", discount: float = 
                               reward=rewards[c.call_id], step_rewards=[rewards[c.call_id]], num_turns=1,
                               finish_reason=finish, error=error, truncated=c.finish_reason == "length",
                               policy_version=c.policy_version, messages=c.context + [c.reply],
-                              details=_details(session, [c], "request", [c.policy_version] * len(c.sampled_ids))))
+                              response_versions=_versions(c),
+                              details=_details(session, [c], "request", _versions(c))))
     return out
 
 
@@ -140,23 +141,29 @@ def prefix_merging(session: Session, *, reward: str = "outcome", discount: float
             at = len(c.prompt_ids) - start
             if ids[start + at: start + at + len(c.sampled_ids)] != c.sampled_ids:  # the splice invariant
                 raise AssertionError(f"call {c.call_id}: its sampled ids are not where its chain puts them")
+            tags = _versions(c)  # on this trajectory's own tokens only: what it does not train is context (-1)
             for j, lp in enumerate(c.logprobs):
-                versions[at + j] = c.policy_version
                 if c.call_id not in trained and not abandoned:
-                    mask[at + j], lps[at + j] = 1, lp
+                    mask[at + j], lps[at + j], versions[at + j] = 1, lp, tags[j]
             if not abandoned:
                 trained.add(c.call_id)
         finish, error = _finish(session, leaf)
         if abandoned and finish != "error":
             finish, error = "cancelled", "a retried call the harness did not continue: recorded, not trained"
-        versions_used = {c.policy_version for c in path}
+        versions_used = {v for c in path for v in _versions(c)}
         out.append(Trajectory(**_base(session), prompt_ids=list(root.prompt_ids), response_ids=ids[start:],
                               response_mask=mask, response_logprobs=lps, reward=rewards[leaf.call_id],
                               step_rewards=[rewards[c.call_id] for c in path], num_turns=len(path),
                               finish_reason=finish, error=error, truncated=leaf.finish_reason == "length",
                               policy_version=next(iter(versions_used)) if len(versions_used) == 1 else None,
-                              messages=leaf.context + [leaf.reply], details=_details(session, path, role, versions)))
+                              messages=leaf.context + [leaf.reply], response_versions=list(versions),
+                              details=_details(session, path, role, versions)))
     return out
+
+
+def _versions(c: CallRecord) -> list[int]:
+    """The version of each sampled token (a record from before per-token versions: its call's version)."""
+    return list(c.versions) if len(c.versions) == len(c.sampled_ids) else [c.policy_version] * len(c.sampled_ids)
 
 
 def build(session: Session, builder: str = "prefix_merging", **kw: Any) -> list[Trajectory]:

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from envhub.backends.base import LLMBackend, SamplingParams
+from envhub.backends.lifecycle import WeightLifecycle, generate_tagged, lifecycle_of
 from envhub.gateway.matching import resolve
 from envhub.gateway.messages import BadRequest, ContextLengthExceeded, prepare
 from envhub.gateway.records import CallRecord, Session, new_id, new_key
@@ -100,10 +101,26 @@ class Gateway:
         self.leases: dict[str, tuple[Lease, bool]] = {}  # session id -> (its admission, released by the gateway)
         if capacity:
             self.gate.grant(capacity)
-        self.policy_version = 0
         self.sessions: dict[str, Session] = {}
         self.keys: dict[str, str] = {}
         self.stats = {"calls": 0, "spliced": 0, "new_chains": 0, "errors": 0, "drift_checks": 0, "drift": 0}
+
+    # ---- weights ------------------------------------------------------------------------------------------------
+    @property
+    def lifecycle(self) -> WeightLifecycle:
+        """The backend's weight-update lifecycle (:mod:`envhub.backends.lifecycle`): ``pause`` / ``resume``; every
+        sampled token is tagged with the version that sampled it."""
+        return lifecycle_of(self.backend)
+
+    @property
+    def policy_version(self) -> int:
+        return self.lifecycle.version
+
+    @policy_version.setter
+    def policy_version(self, version: int) -> None:
+        """AReaL's ``set_version``: a bump with nothing sampling (refused if it goes backwards or would mislabel
+        tokens being sampled: pause first)."""
+        self.lifecycle.set_version(version)
 
     # ---- sessions ---------------------------------------------------------------------------------------------
     @property
@@ -269,9 +286,12 @@ class Gateway:
         if calls:
             reply["tool_calls"] = calls
         call.sampled_ids, call.logprobs = list(gen.token_ids), list(gen.logprobs)
+        call.versions = list(gen.versions or [call.policy_version] * len(gen.token_ids))
+        if call.versions:
+            call.policy_version = min(call.versions)
         call.finish_reason = "length" if gen.finish_reason == "length" else ("tool_calls" if calls else "stop")
         call.reply = reply
-        if len({c.policy_version for c in session.calls if c.ok}) > 1:
+        if len({v for c in session.calls if c.ok for v in c.versions}) > 1:
             session.flag("mixed_policy_versions")
         return ChatResult(call, reply["content"], calls, call.finish_reason)
 
@@ -298,7 +318,7 @@ class Gateway:
             if session.backend_codec is None:
                 session.backend_codec = codec
                 backend.open_session(session.session_id, task=session.task, messages=session.live, codec=codec)
-            return await backend.generate(call.prompt_ids, params, session_id=session.session_id)
+            return await generate_tagged(backend, call.prompt_ids, params, session_id=session.session_id)
         # a scripted policy reads the conversation: one call at a time per session, with this call's context
         assert session.lock is not None
         async with session.lock:
@@ -306,7 +326,7 @@ class Gateway:
                 session.backend_codec = codec
                 backend.open_session(session.session_id, task=session.task, messages=session.live, codec=codec)
             session.live[:] = call.context
-            return await backend.generate(call.prompt_ids, params, session_id=session.session_id)
+            return await generate_tagged(backend, call.prompt_ids, params, session_id=session.session_id)
 
 
 _ID_PREFIX = {"chat": "chatcmpl-", "responses": "resp_", "anthropic": "msg_"}

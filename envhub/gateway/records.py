@@ -29,7 +29,8 @@ class CallRecord:
     logprobs: list[float] = field(default_factory=list)
     finish_reason: str = ""           # "stop" | "length" | "tool_calls" (after parsing) | "error"
     reply: dict[str, Any] | None = None   # the assistant message issued (tool-call ids minted by the gateway)
-    policy_version: int = 0
+    policy_version: int = 0           # the oldest version among its tokens (the one current when it was made)
+    versions: list[int] = field(default_factory=list)   # the version that sampled each of sampled_ids
     has_tools: bool = False
     reward: float | None = None
     error: str | None = None
