@@ -152,7 +152,7 @@ class ReplayServer:
         span = self.replay.next(prompt_ids, sampling_params.get("max_tokens"))
         return TokenOutput(token_ids=list(span.token_ids),
                            log_probs=list(span.logprobs) if sampling_params.get("logprobs") else None,
-                           stop_reason="completed", extra_fields={"global_steps": 0})
+                           stop_reason="completed", extra_fields={"global_steps": 3})  # the server's weights
 
     def seen(self) -> list[dict]:
         return list(self.requests)

@@ -117,6 +117,8 @@ def test_agent_file_runs_through_openrlhf_and_matches_envhub(references, agent_e
             assert resp["action_ranges"] == [(p + s, p + e) for s, e in ref.action_ranges]
             assert isinstance(resp["reward"], float) and resp["reward"] == ref.reward
             assert resp["extra_logs"]["envhub_passed"] == float(ref.passed)
+            # the weight version that sampled it (the engine's lifecycle: version 0, nothing updated it)
+            assert resp["extra_logs"]["envhub_version_min"] == resp["extra_logs"]["envhub_version_max"] == 0.0
 
             exp = build_experience(resp)
             assert exp.sequences[0].tolist() == ref.prompt_ids + ref.response_ids

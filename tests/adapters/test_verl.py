@@ -127,6 +127,8 @@ def test_generate_sequences_matches_envhub_and_rewards_reach_the_trainer(setup):
         assert b["rollout_log_probs"][i, :r].tolist() == pytest.approx(ref.response_logprobs, abs=1e-6)
         assert b["input_ids"][i].tolist() == b["prompts"][i].tolist() + b["responses"][i].tolist()
         assert out.non_tensor_batch["__num_turns__"][i] == len(ref.messages)
+        # the server's own version tag (its `global_steps`) reaches veRL's staleness keys
+        assert out.non_tensor_batch["min_global_steps"][i] == out.non_tensor_batch["max_global_steps"][i] == 3
     assert tok.pad_token_id is not None
 
     rewards, extra = extract_reward(out)  # what veRL's trainer reads

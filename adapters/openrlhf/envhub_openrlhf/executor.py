@@ -33,6 +33,7 @@ from typing import Any, ClassVar
 
 from openrlhf.utils.agent import AgentExecutorBase
 
+from envhub.rollout.versions import version_span
 from envhub.backends.base import SamplingParams
 from envhub.backends.chat import require_trainable
 from envhub.rollout.trajectory import Trajectory
@@ -124,6 +125,9 @@ def to_openrlhf_output(traj: Trajectory, *, prompt: Any, label: Any, images: Any
         "envhub_env_s": float(metrics.get("env_s", 0.0)),
         "envhub_eval_s": float(metrics.get("eval_s", 0.0)),
     }
+    span = version_span(traj)  # the weight versions that sampled this sample (OpenRLHF logs extra_logs per step)
+    if span is not None:
+        extra_logs["envhub_version_min"], extra_logs["envhub_version_max"] = float(span[0]), float(span[1])
     return {
         "prompt": prompt,
         "label": label,

@@ -28,6 +28,7 @@ from typing import Any
 
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutput, register
 
+from envhub.rollout.versions import verl_global_steps
 from envhub.backends.base import SamplingParams
 from envhub.backends.chat import require_trainable
 from envhub.rollout.trajectory import Trajectory
@@ -129,5 +130,7 @@ def to_agent_loop_output(traj: Trajectory, prompt_ids: list[int], *, with_logpro
             "reward_extra_info": info,
             "envhub_result": {"env_id": traj.env_id, "task_id": traj.task_id, "finish_reason": traj.finish_reason,
                        "error": traj.error or ""},
+            # veRL's fully-async staleness keys, from the version that sampled each token (envhub.rollout.versions)
+            **verl_global_steps(traj),
         },
     )

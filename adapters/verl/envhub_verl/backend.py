@@ -66,4 +66,7 @@ class VerlServerBackend(LLMBackend):
             raise BackendError(f"veRL returned {len(ids)} token ids but {len(logprobs)} logprobs")
         ended = bool(ids) and ids[-1] in self._eos.get(session_id, set())
         length = stop == "length" or (len(ids) >= params.max_tokens and not ended)
-        return Generation(ids, logprobs, "length" if length else "stop")
+        # the server's own weight version (veRL's `global_steps`), when it reports one: the tag comes from the engine
+        steps = (getattr(out, "extra_fields", None) or {}).get("global_steps")
+        versions = [int(steps)] * len(ids) if isinstance(steps, int) and not isinstance(steps, bool) else None
+        return Generation(ids, logprobs, "length" if length else "stop", versions=versions)
