@@ -227,20 +227,16 @@ async def generate_tagged(backend: LLMBackend, prompt_ids: list[int], params: Sa
     interruptions = 0
     while True:
         chunk_params = params if not ids else _rest(params, len(ids))
-        if own:
+        version = None if own else await lc.enter()  # a self-counting backend counts itself in
+        try:
             gen = await backend.generate(list(prompt_ids) + ids if ids else prompt_ids, chunk_params,
                                          session_id=session_id)
-            tags = gen.versions if gen.versions is not None else [lc.version] * len(gen.token_ids)
-        else:
-            version = await lc.enter()
-            try:
-                gen = await backend.generate(list(prompt_ids) + ids if ids else prompt_ids, chunk_params,
-                                             session_id=session_id)
-            finally:
+        finally:
+            if not own:
                 lc.exit()
-            tags = gen.versions if gen.versions is not None else [version] * len(gen.token_ids)
-        if len(tags) != len(gen.token_ids):
-            raise BackendError(f"{backend.name}: {len(tags)} versions for {len(gen.token_ids)} tokens")
+        # Generation checked the length of its own versions; the fallback is the right length by construction
+        tags = gen.versions if gen.versions is not None else \
+            [lc.version if version is None else version] * len(gen.token_ids)
         ids += gen.token_ids
         lps += gen.logprobs
         versions += tags
