@@ -99,6 +99,9 @@ class BackendPool(LLMBackend):
         self._tickets = itertools.count()
         self._sessions: dict[str, _Session] = {}
         self._retired: list[LLMBackend] = []  # removed backends, closed with the pool
+        # ``observer.model_call(name, seconds, tokens)`` after each answered call (the rollout service's
+        # envhub.rollout.throughput.Throughput: model-call times and tokens/s per backend); None: nothing is timed
+        self.observer: Any = None
         items = backends.items() if isinstance(backends, dict) else ((None, b) for b in backends or [])
         for name, backend in items:
             self.add(backend, name=name)
@@ -214,7 +217,12 @@ class BackendPool(LLMBackend):
                 member.in_flight += 1
                 member.requests += 1
                 try:
-                    return await generate_tagged(member.backend, prompt_ids, params, session_id=session_id)
+                    if self.observer is None:
+                        return await generate_tagged(member.backend, prompt_ids, params, session_id=session_id)
+                    t0 = time.monotonic()
+                    gen = await generate_tagged(member.backend, prompt_ids, params, session_id=session_id)
+                    self.observer.model_call(member.name, time.monotonic() - t0, len(gen.token_ids))
+                    return gen
                 except PausedTooLong:
                     raise  # the trainer never resumed: not this backend's fault, and no other would do better
                 except FAILOVER_ERRORS as e:

@@ -31,7 +31,9 @@ works unchanged; admin routes need the admin key (``--token``) when one is set:
 envhub's own session API (admin): ``POST /sessions`` ``{task_id?}`` → ``{session_id, api_key}``;
 ``GET /sessions/<id>`` → calls, chains and why each began, flags; ``POST /sessions/<id>/trajectories``
 ``{builder, reward, discount}`` → ``{"trajectories": [Trajectory dicts]}``; ``DELETE /sessions/<id>``;
-``POST /rl/set_version`` ``{version}`` (the policy version recorded on later calls); ``GET /metrics``.
+``POST /rl/set_version`` ``{version}`` (the policy version recorded on later calls); ``GET /metrics`` (Prometheus
+text by ``prometheus_client``: the call counters, sessions, capacity and the gate's figures, docs/metrics.md) and
+``GET /stats`` (the same counters as JSON).
 ``POST /pause`` ``{mode: hold|abort, timeout_s}`` and ``POST /resume`` ``{version?}``: a weight update the harness
 never sees (its HTTP call stays open; :mod:`envhub.backends.lifecycle`); every sampled token carries its version.
 The staleness gate (:mod:`envhub.rollout.staleness`; admin): ``GET /staleness``, ``POST /staleness`` (settings),
@@ -111,6 +113,8 @@ class GatewayApp:
             path = "/" + tail
         dialect = MODEL_ROUTES.get(path) or (anthropic if path in COUNT_ROUTES else chat)
         try:
+            if method in ("GET", "HEAD") and path == "/metrics" and not self.model_only:
+                return await self._metrics(send)
             if method in ("GET", "HEAD"):
                 return await _send(send, 200, self._get(path, key))
             if method == "DELETE" and path.startswith("/sessions/") and not self.model_only:
@@ -217,8 +221,9 @@ class GatewayApp:
                                                 "owned_by": "envhub"}]}
         if self.model_only:
             raise HTTPError(404, f"GET {path} is not served here (model routes only)")
-        if path == "/metrics":
-            return {**self.gw.stats, "sessions": len(self.gw.sessions), "capacity": self.gw.capacity}
+        if path == "/stats":
+            return self._stats()
+
         if path == "/staleness":
             self._admin(key)
             return self._staleness("GET", path, None)
@@ -226,6 +231,23 @@ class GatewayApp:
             self._admin(key)
             return summary(self._session_by_id(path.split("/")[2]))
         raise HTTPError(404, f"GET {path} is not served")
+
+    def _stats(self) -> dict[str, Any]:
+        return {**self.gw.stats, "sessions": len(self.gw.sessions), "capacity": self.gw.capacity}
+
+    async def _metrics(self, send: Any) -> None:
+        """``GET /metrics``: the counters of :meth:`_stats` and the gate's figures as Prometheus text, from this
+        app's own ``CollectorRegistry`` (several gateways share a test process; the global registry is never used)."""
+        from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+        if getattr(self, "_registry", None) is None:
+            self._registry = CollectorRegistry(auto_describe=False)
+            self._registry.register(_GatewayCollector(self))  # type: ignore[arg-type]
+        body = generate_latest(self._registry)
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", CONTENT_TYPE_LATEST.encode()),
+                                (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
 
     async def _wait_for_end(self, session: Any, receive: Any) -> None:
         """Wait until ``session`` ends (AReaL's export contract), but not past the client's leaving (nothing is
@@ -371,6 +393,43 @@ def _key_of(headers: dict) -> str | None:
         return auth[7:].strip()
     x = headers.get(b"x-api-key")
     return x.decode("latin-1").strip() if x else None
+
+
+GATEWAY_COUNTERS = {
+    "calls": "Model calls served.", "spliced": "Calls that continued a chain (their prompt extends an earlier call's).",
+    "new_chains": "Calls that began a new chain.", "errors": "Calls that failed.",
+    "drift_checks": "Spliced calls also rendered canonically to compare.",
+    "drift": "Drift checks whose canonical rendering differed from the spliced tokens.",
+}
+
+
+class _GatewayCollector:
+    """The gateway's figures as ``prometheus_client`` families, read at scrape time (nothing on the call path)."""
+
+    def __init__(self, app: GatewayApp):
+        self.app = app
+
+    def describe(self) -> list[Any]:
+        return []
+
+    def collect(self) -> Any:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        stats = self.app._stats()
+        for key, doc in GATEWAY_COUNTERS.items():
+            c = CounterMetricFamily(f"envhub_gateway_{key}", doc)
+            c.add_metric([], stats.get(key, 0))
+            yield c
+        for key, doc in (("sessions", "Sessions open."), ("capacity", "Sessions granted and not yet started.")):
+            g = GaugeMetricFamily(f"envhub_gateway_{key}", doc)
+            g.add_metric([], stats[key])
+            yield g
+        gate = self.app.gw.gate.status()
+        for key, value in sorted(gate.items()):  # the staleness gate's version, running, accepted, counts...
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                g = GaugeMetricFamily(f"envhub_gate_{key}", f"The staleness gate's {key} (GET /staleness).")
+                g.add_metric([], float(value))
+                yield g
 
 
 async def _send(send: Any, status: int, payload: dict[str, Any]) -> None:

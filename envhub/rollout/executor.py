@@ -72,6 +72,7 @@ class Episode:
         # (the rollout service does, once per job, with its job id)
         self.exception: BaseException | None = None
         self.log_failures = True
+        self.meter: Any = None  # ``meter.tool_call(seconds)`` per env step (the service's throughput figures)
 
     # ---- stages ------------------------------------------------------------------------------------------------
     async def init(self) -> None:
@@ -179,7 +180,10 @@ class Episode:
 
             t0 = clock()
             obs, reward, terminated, truncated, info = await env.astep(action)
-            metrics["env_s"] += clock() - t0
+            dt = clock() - t0
+            metrics["env_s"] += dt
+            if self.meter is not None:
+                self.meter.tool_call(dt)
             t.step_rewards.append(float(reward))
             self.step_parts.append(step_components(reward, info))
             if terminated or truncated:

@@ -17,6 +17,8 @@
 ``POST /staleness``         its settings ``{max_staleness, batch_size, max_concurrent, mode, ...}``
 ``POST /staleness/report``  the trainer: ``{version?, consumed?, discarded?}``; every ``/process`` job is admitted
                             by the gate (it waits while there is no room; 429 after ``admission_timeout_s``)
+``POST /trainer/step``      ``{phase: begin|end, samples?}``: the trainer's step boundaries (idle ratios, consumption)
+``GET /metrics``            Prometheus text (:mod:`envhub.rollout.throughput`; docs/metrics.md defines each metric)
 ``GET /healthz``            liveness
 ``GET /openapi.json``       the schema (``/docs`` renders it)
 ==========================  ==============================================================================
@@ -196,7 +198,33 @@ def create_app(service: Any, *, token: str | None = None, autostart: bool = True
     async def report_staleness(body: dict[str, Any] | None = Body(default=None)) -> dict[str, Any]:
         """The trainer's report: ``{version?, consumed?, discarded?}`` (after each weight update; samples trained;
         delivered samples it filtered out)."""
-        return _gate_route(service, "/staleness/report", body)
+        out = _gate_route(service, "/staleness/report", body)
+        service.gate_reported(body)
+        return out
+
+    @app.post("/trainer/step")
+    async def trainer_step(body: dict[str, Any] | None = Body(default=None)) -> dict[str, Any]:
+        """The trainer's step boundary: ``{"phase": "begin"}`` when it has its batch and starts computing,
+        ``{"phase": "end", "samples": n}`` when the step (weight broadcast included) is done."""
+        body = body or {}
+        unknown = sorted(set(body) - {"phase", "samples"})
+        if unknown:
+            raise ServiceError(422, f"unknown field(s) {unknown}: send {{phase: begin|end, samples?: int}}")
+        return service.trainer_step(body.get("phase"), body.get("samples"))
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        """Prometheus text exposition of the throughput figures (docs/metrics.md)."""
+        if service.metrics is None:
+            raise ServiceError(404, "metrics are off on this server")
+        if getattr(app.state, "registry", None) is None:
+            from envhub.rollout.throughput_export import registry_for
+
+            app.state.registry = registry_for(service.metrics)  # this server's own, never the global registry
+        from envhub.rollout.throughput_export import render
+
+        text, ctype = render(app.state.registry)
+        return Response(content=text, media_type=ctype)
 
     @app.get("/healthz")
     async def healthz() -> dict[str, Any]:

@@ -50,11 +50,16 @@ class SandboxProvider:
         self._seen: OrderedDict[str, int] = OrderedDict()  # spec key -> acquisitions (bounded)
         self.acquired = 0
         self.closed = False
+        # ``meter.sandbox_failed(cause)`` / ``meter.sandbox_waiting(+1|-1)`` (the service's throughput figures)
+        self.meter: Any = None
 
 
     def renewed(self) -> SandboxProvider:
         """A fresh provider with this one's settings (the pipeline's, after a stop closed this one)."""
-        return SandboxProvider(self.pool_size, self.max_pools, self.idle_s, self._starter, self.max_live)
+        renewed = SandboxProvider(self.pool_size, self.max_pools, self.idle_s, self._starter, self.max_live)
+        renewed.meter = self.meter
+        return renewed
+
     def _start(self, spec: Any) -> Any:
         """Start a sandbox, first waiting for a slot under ``max_live`` (queued, not failed, at the node's limit)."""
         from envhub.sandbox import SandboxError, lifecycle
@@ -63,17 +68,26 @@ class SandboxProvider:
             from envhub.sandbox import start
 
             self._starter = start
+        meter = self.meter
         with self._lock:
             self.waiting += 1
+        if meter is not None:
+            meter.sandbox_waiting(+1)
         try:
             slot = lifecycle.reserve(self.max_live, lambda: self.closed)
         finally:
             with self._lock:
                 self.waiting -= 1
+            if meter is not None:
+                meter.sandbox_waiting(-1)
         if not slot:
             raise SandboxError("the service is stopping: no new sandboxes")
         try:
             return self._starter(spec)
+        except Exception as e:
+            if meter is not None:
+                meter.sandbox_failed(failure_cause(e))
+            raise
         finally:
             lifecycle.release()
 
@@ -214,6 +228,23 @@ def default_max_sandboxes() -> int:
     except (ValueError, OSError):
         mem_mb = 8192
     return max(16, min(fds // 8, mem_mb // 8))
+
+
+def failure_cause(e: BaseException) -> str:
+    """A short label for why a sandbox start failed (the ``cause`` of ``envhub_sandbox_init_failures``): the
+    runtime is missing, the process ran out of descriptors or memory, the start timed out, or the error's type."""
+    from envhub.fdlimit import is_out_of_descriptors
+
+    text = str(e).lower()
+    if type(e).__name__ == "RuntimeUnavailable":
+        return "runtime_unavailable"
+    if is_out_of_descriptors(e) or "out of file descriptors" in text or "open-file table" in text:
+        return "descriptors"
+    if isinstance(e, MemoryError) or "cannot allocate memory" in text:
+        return "memory"
+    if isinstance(e, TimeoutError) or "timed out" in text:
+        return "timeout"
+    return type(e).__name__
 
 
 def live_count() -> int:

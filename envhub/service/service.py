@@ -22,11 +22,13 @@ from collections import OrderedDict
 from typing import Any
 
 from envhub.backends.lifecycle import LifecycleError, WeightLifecycle, lifecycle_of
+from envhub.service.errors import log
 from envhub.service.jobs import Job, PhaseTimer, ResultCache, encode_result
 from envhub.service.pipeline import Pipeline
 from envhub.service.sandboxes import SandboxProvider
 from envhub.rollout.request import RequestError, RolloutRequest, TaskIndex, TaskNotFound
 from envhub.rollout.staleness import GateError, Lease, NoCapacity, StalenessGate
+from envhub.rollout.throughput import Throughput
 from envhub.service.schemas import ProcessRequest, ServiceError, fingerprint
 
 GROUP_CLAIM_S = 5.0  # a group's members are sent together: a lease none claimed by then is given back
@@ -60,12 +62,16 @@ class RolloutService:
         hub: where env ids are resolved (default: the process-wide plugin hub).
         gate: the :class:`~envhub.rollout.staleness.StalenessGate` that admits every job and harness session
             (``POST /staleness`` configures it; default: no bound, it only counts).
+        metrics: keep the throughput figures (:mod:`envhub.rollout.throughput`: ``GET /metrics``, ``/status``'s
+            ``throughput`` and ``bound``); False turns every hook off (the overhead benchmark's baseline).
+        metrics_window_s: the sliding window of rates and idle ratios.
     """
 
     def __init__(self, tokenizer: Any, *, backends: list[Any] | None = None, init_workers: int = 8,
                  run_workers: int = 16, eval_workers: int = 4, timeout_s: float | None = 300.0,
                  sandbox_pool: int = 2, backend_wait_s: float = 120.0, result_cache: int = 10_000,
-                 hub: Any = None, max_sandboxes: int | None = None, gate: StalenessGate | None = None):
+                 hub: Any = None, max_sandboxes: int | None = None, gate: StalenessGate | None = None,
+                 metrics: bool = True, metrics_window_s: float = 60.0):
         from envhub.backends.pool import BackendPool
 
         self.tokenizer = tokenizer
@@ -92,6 +98,8 @@ class RolloutService:
         self._groups: dict[str, GroupAdmission] = {}  # group id -> its admission, until every lease is claimed
         self._groups_closed: OrderedDict[str, None] = OrderedDict()  # groups whose leases are all handed out
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.metrics = Throughput(metrics_window_s, gauges=self._gauges) if metrics else None
+        self.pool.observer = self.pipeline.sandboxes.meter = self.metrics
 
     # ---- weight updates ---------------------------------------------------------------------------------------------
     @property
@@ -219,7 +227,10 @@ class RolloutService:
         if not self.running:  # stopped while this request was being admitted
             self._cancel_pending.discard(job_id)
             raise ServiceError(503, "the rollout server is stopped: POST /start first")
+        episode.meter = self.metrics
         self.pipeline.submit(job)
+        if self.metrics is not None:
+            self.metrics.job_started()
         if job_id in self._cancel_pending:
             self._cancel_pending.discard(job_id)
             self.pipeline.cancel(job_id)
@@ -359,6 +370,10 @@ class RolloutService:
                 result["filter"] = True  # ProRL's "do not train on this"; a withheld reward still counts in its group
             if verdict["verdict"] == "dropped":
                 result["critical_error"] = result.get("critical_error") or "stale"
+        if self.metrics is not None:
+            t = result["timing"]
+            self.metrics.job_finished(result, {"init": t["init_time"], "run": t["run_time"],
+                                               "eval": t["eval_time"], "others": t["others_time"]})
         job.body = encode_result(result)
         if result.get("finish_reason") == "cancelled":  # never replayed: a retry with this id runs a new job
             return
@@ -472,4 +487,48 @@ class RolloutService:
             "timeout_s": self.timeout_s,
             "weights": self.lifecycle.status(),
             "uptime_s": round(time.time() - self.started_at, 3),
+            **self.throughput(),
         }
+
+    def throughput(self) -> dict[str, Any]:
+        """``{"throughput": snapshot, "bound": verdict}`` (empty with metrics off): see
+        :mod:`envhub.rollout.throughput`."""
+        if self.metrics is None:
+            return {}
+        snap = self.metrics.snapshot()
+        return {"bound": snap.pop("bound"), "throughput": snap}
+
+    def _gauges(self) -> dict[str, Any]:
+        """Live figures the throughput snapshot reads: queues, sandboxes, backends' load."""
+        p = self.pipeline.status()
+        backends: dict[str, dict[str, Any]] = {}
+        for b in self.pool.status()["backends"]:
+            backends[b["name"]] = {"in_flight": b["in_flight"]}
+            load = getattr(self.pool.backends.get(b["name"]), "load", None)  # a backend that knows its own queue
+            if callable(load):
+                try:
+                    backends[b["name"]]["waiting"] = int(load().get("waiting", 0))
+                except Exception:  # a status read must not break /status
+                    log.debug("backend %s: load() raised", b["name"], exc_info=True)
+        sb = p["sandboxes"]
+        return {"queue_depth": {s: v["queued"] for s, v in p["stages"].items()},
+                "sandboxes": {"live": sb["live"], "limit": sb["limit"], "waiting": sb["waiting"]},
+                "backends": backends}
+
+    def trainer_step(self, phase: str, samples: int | None = None) -> dict[str, Any]:
+        """The trainer's step boundary (``POST /trainer/step``): idle ratios and consumption come from these."""
+        if self.metrics is None:
+            raise ServiceError(409, "metrics are off on this server (RolloutService(metrics=False))")
+        try:
+            return self.metrics.trainer_step(phase, samples)
+        except ValueError as e:
+            raise ServiceError(422, str(e)) from None
+
+    def gate_reported(self, body: dict[str, Any] | None) -> None:
+        """A trainer's gate report (``POST /staleness/report``) also feeds consumption and discards."""
+        if self.metrics is None or not body:
+            return
+        if isinstance(body.get("consumed"), int) and body["consumed"] > 0:
+            self.metrics.consumed(body["consumed"])
+        if isinstance(body.get("discarded"), int) and body["discarded"] > 0:
+            self.metrics.discarded(body["discarded"])

@@ -315,6 +315,28 @@ class RolloutClient:
             raise RolloutClientError(f"{server}/staleness/report answered {status}: {detail}", status, detail)
         return [data]
 
+    async def trainer_step(self, phase: str, samples: int | dict[str, int] | None = None) -> list[dict[str, Any]]:
+        """Tell every server a step boundary (``POST /trainer/step``), so its ``/status`` can say whether the trainer
+        or the generator is the bottleneck: ``"begin"`` once the batch is in hand and compute starts, ``"end"`` once
+        the step (weight broadcast included) is done, with the ``samples`` it trained on. Over several servers, pass
+        ``{server url: samples from it}`` (``traj.details["server"]``); a plain count is split evenly."""
+        if not isinstance(samples, dict):
+            n = len(self.servers)
+            samples = None if samples is None else {s.url: samples // n + (i < samples % n)
+                                                    for i, s in enumerate(self.servers)}
+
+        async def one(s: _Server) -> Any:
+            body: dict[str, Any] = {"phase": phase}
+            if samples is not None:
+                body["samples"] = int(samples.get(s.url, 0))
+            status, data = await self._call(s, "POST", "/trainer/step", body)
+            if status != 200:
+                detail = data.get("detail") if isinstance(data, dict) else data
+                raise RolloutClientError(f"{s.url}/trainer/step answered {status}: {detail}", status, detail)
+            return data
+
+        return list(await asyncio.gather(*(one(s) for s in self.servers)))
+
     async def stop(self) -> list[dict[str, Any]]:
         return await self._all("POST", "/stop")
 

@@ -114,7 +114,7 @@ def test_unbounded_gate_keeps_arealS_grant_rule(gated):
     assert post(srv, "/sessions", {"task_id": "t"}).status_code == 200
     assert post(srv, "/grant_capacity", {}).json() == {"capacity": 1}
     assert post(srv, "/rl/start_session", {"task_id": "t"}).status_code == 200
-    assert httpx.get(srv.url + "/metrics").json()["capacity"] == 0
+    assert httpx.get(srv.url + "/stats").json()["capacity"] == 0  # /metrics: the same as Prometheus text (#26)
 
 
 def test_bad_gate_requests_are_refused_and_change_nothing(gated):

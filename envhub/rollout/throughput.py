@@ -1,0 +1,382 @@
+"""Throughput figures of a rollout server: one place that holds them (:class:`Throughput`), one dict that says them
+(:meth:`Throughput.snapshot`), one verdict that names the bottleneck (:func:`bound`), and Prometheus text for
+``GET /metrics`` (:mod:`envhub.rollout.throughput_export`, rendered by ``prometheus_client``).
+
+The arithmetic is the queue model of ``../shared/research/async_rl.md`` §0 fact 9 and §3.1: a generator produces
+samples into a queue, a trainer consumes them.
+
+* **Production** ``R_G`` = rollouts finished per second (cancelled ones are not production). **Effective
+  production** = ``acceptance × R_G``, where acceptance counts out what the trainer cannot use (errors, timeouts,
+  withheld or dropped as stale, and the samples the trainer reports it discarded, e.g. DAPO's zero-variance groups).
+* **Consumption** ``R_T`` = samples the trainer took per second (its step reports, ``POST /trainer/step``).
+* **Idle ratios.** The trainer is idle between a step's ``end`` and the next ``begin`` (it waits for data); the
+  generator is idle while no rollout is inside the pipeline (nothing admitted: the gate or the client held it back).
+* **Capacities**, what each side would do if the other never held it back: the trainer's is samples per step ÷
+  step compute time (``begin`` to ``end``); the generator's is ``acceptance × concurrency ÷ latency`` (Little's
+  law), with the most rollouts the pipeline held at once in the window as the concurrency and the mean time a
+  rollout spends in the pipeline (queues included) as the latency. Their ratio names the bottleneck (:func:`bound`).
+
+Every rate and ratio is taken over a sliding window (``window_s``, 60 s by default, shortened to the time since the
+first event); counters and histograms are cumulative, as Prometheus expects. Hooks are a few dict/deque operations
+each; nothing is computed until someone asks (``/status``, a scrape). ``prometheus_client`` is imported only by
+the export module, so the rollout layer does not need it installed.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from typing import Any, Callable
+
+STAGE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0)
+LAG_BUCKETS = (0.0, 1.0, 2.0, 3.0, 4.0, 8.0, 16.0, 32.0)
+STAGES = ("queue", "init", "run", "eval", "model_call", "tool_call")
+TOLERANCE = 0.25  # capacities within 25 % of each other: balanced (the noise of a long-tailed latency)
+MIN_SAMPLES, MIN_STEPS = 4, 2  # fewer finished rollouts or trainer steps in the window: "unknown"
+FAILED = {"error", "timeout"}
+
+
+class Occupancy:
+    """An on/off signal in time (the generator busy, the trainer in a step); :meth:`on_fraction` integrates it over
+    any span inside the last ``keep_s`` seconds."""
+
+    def __init__(self, keep_s: float):
+        self.keep_s = keep_s
+        self.changes: deque[tuple[float, bool]] = deque()  # (time, on from then)
+        self.first: float | None = None
+
+    def set(self, on: bool, t: float) -> None:
+        if self.first is None:
+            self.first = t
+        if self.changes and self.changes[-1][1] == on:
+            return
+        self.changes.append((t, on))
+        while len(self.changes) > 2 and self.changes[1][0] < t - self.keep_s:
+            self.changes.popleft()  # the first kept change still says the state at the window's start
+
+    def on_fraction(self, start: float, end: float) -> float | None:
+        if end <= start or not self.changes:
+            return None
+        on_s, state, since = 0.0, False, start
+        for t, on in self.changes:
+            if t > end:
+                break
+            if t > since:
+                on_s += (t - since) if state else 0.0
+                since = t
+            state = on
+        on_s += (end - since) if state else 0.0
+        return on_s / (end - start)
+
+
+class Hist:
+    """A cumulative histogram (Prometheus buckets, sum, count) that also keeps recent observations for windowed
+    quantiles."""
+
+    def __init__(self, buckets: tuple[float, ...], keep: int = 4096):
+        self.buckets = buckets
+        self.counts = [0] * (len(buckets) + 1)  # the last one is +Inf
+        self.sum, self.count = 0.0, 0
+        self.recent: deque[tuple[float, float, int]] = deque(maxlen=keep)
+
+    def observe(self, v: float, t: float, n: int = 1) -> None:
+        """``n`` observations of value ``v`` at time ``t`` (``n``: the tokens of one rollout sharing one lag)."""
+        i = 0
+        for i, b in enumerate(self.buckets):  # noqa: B007  (short, fixed tuples: a loop beats bisect's call)
+            if v <= b:
+                break
+        else:
+            i = len(self.buckets)
+        self.counts[i] += n
+        self.sum += v * n
+        self.count += n
+        self.recent.append((t, v, n))
+
+    def summary(self, since: float) -> dict[str, Any]:
+        vals = sorted((v, n) for t, v, n in self.recent if t >= since)
+        total = sum(n for _, n in vals)
+        if not total:
+            return {"count": 0}
+
+        def q(p: float) -> float:
+            acc, want = 0, p * total
+            for v, n in vals:
+                acc += n
+                if acc > want:
+                    return v
+            return vals[-1][0]
+
+        return {"count": total, "mean": sum(v * n for v, n in vals) / total, "p50": q(0.5), "p90": q(0.9),
+                "p99": q(0.99), "max": vals[-1][0]}
+
+    def cumulative(self) -> list[tuple[str, int]]:
+        out, acc = [], 0
+        for b, c in zip([*map(str, self.buckets), "+Inf"], self.counts):
+            acc += c
+            out.append((b, acc))
+        return out
+
+
+class Throughput:
+    """Every throughput figure of one server (see the module docstring). The server calls the hooks; readers call
+    :meth:`snapshot` (a dict, what ``/status`` shows) or scrape ``GET /metrics`` (``throughput_export``).
+
+    Args:
+        window_s: the sliding window of rates and ratios.
+        gauges: ``() -> dict`` of live figures read at snapshot time: ``queue_depth`` ``{stage: n}``,
+            ``sandboxes`` ``{live, limit, waiting}``, ``backends`` ``{name: {in_flight, waiting?}}``.
+        clock: seconds, monotonic (tests may pass their own).
+    """
+
+    def __init__(self, window_s: float = 60.0, gauges: Callable[[], dict[str, Any]] | None = None,
+                 clock: Callable[[], float] = time.monotonic):
+        self.window_s, self.gauges, self.clock = float(window_s), gauges, clock
+        keep = self.window_s * 2
+        self.generator = Occupancy(keep)  # a rollout inside the pipeline
+        self.trainer = Occupancy(keep)  # the trainer inside a step
+        self.sandbox_wait = Occupancy(keep)  # an INIT waiting for a sandbox slot at the node's limit
+        self._inflight = 0
+        self._waiting = 0
+        self._lock = threading.Lock()  # sandbox hooks come from INIT threads
+        self.finished: deque[tuple[float, str, float]] = deque()  # (t, outcome, seconds in the pipeline)
+        self.load: deque[tuple[float, int]] = deque()  # (t, rollouts in the pipeline after a start)
+        self.steps: deque[tuple[float, float, int]] = deque()  # (end t, compute seconds, samples)
+        self.consumed_events: deque[tuple[float, int]] = deque()
+        self.calls: deque[tuple[float, str, float, int]] = deque()  # (t, backend, seconds, tokens)
+        self._step_began: float | None = None
+        self.stages = {s: Hist(STAGE_BUCKETS) for s in STAGES}
+        self.lag = {"sample": Hist(LAG_BUCKETS), "token": Hist(LAG_BUCKETS)}
+        self.span = Hist(LAG_BUCKETS)
+        self.counts: dict[str, int] = {}  # outcome / verdict -> rollouts
+        self.wasted_s: dict[str, float] = {}  # reason -> in-stage seconds spent on rollouts not trained on
+        self.sandbox_failures: dict[str, int] = {}
+        self.backend_tokens: dict[str, int] = {}
+        self.backend_calls: dict[str, int] = {}
+        self.partial = {"rollouts": 0, "interruptions": 0}
+        self.totals = {"steps": 0, "consumed": 0, "discarded": 0, "step_reports": 0}
+
+    # ---- hooks: the generator ---------------------------------------------------------------------------------------
+    def job_started(self) -> None:
+        """A rollout entered the pipeline (the generator has work)."""
+        self._inflight += 1
+        now = self.clock()
+        self.generator.set(True, now)
+        self.load.append((now, self._inflight))
+
+    def job_finished(self, result: dict[str, Any], times: dict[str, float]) -> None:
+        """A rollout left the pipeline with ``result`` (the ``/process`` reply dict); ``times`` is its
+        :class:`~envhub.service.jobs.PhaseTimer`'s (``init``, ``run``, ``eval``, ``others`` = queued)."""
+        now = self.clock()
+        self._inflight = max(0, self._inflight - 1)
+        if self._inflight == 0:
+            self.generator.set(False, now)
+        for stage, key in (("queue", "others"), ("init", "init"), ("run", "run"), ("eval", "eval")):
+            if key != "eval" or times.get("eval"):
+                self.stages[stage].observe(times.get(key, 0.0), now)
+        in_stage = times.get("init", 0.0) + times.get("run", 0.0) + times.get("eval", 0.0)
+        verdict = ((result.get("details") or {}).get("staleness") or {})
+        reason = result.get("finish_reason")
+        if reason == "cancelled":
+            outcome = "cancelled"  # an oversampled job stopped once its group was complete, or a drop
+            if verdict.get("verdict") == "dropped":
+                outcome = "dropped"
+        elif reason in FAILED:
+            outcome = reason
+        elif verdict.get("verdict") in ("withheld", "dropped"):
+            outcome = verdict["verdict"]
+        else:
+            outcome = "accepted"
+        self.counts[outcome] = self.counts.get(outcome, 0) + 1
+        if outcome != "accepted":
+            self.wasted_s[outcome] = self.wasted_s.get(outcome, 0.0) + in_stage
+        self.finished.append((now, outcome, in_stage + times.get("others", 0.0)))
+        version = verdict.get("version")
+        model = [v for v in result.get("response_versions") or () if v >= 0]  # -1: env tokens, never sampled
+        if isinstance(version, int) and outcome != "cancelled":  # staleness of what is handed to the trainer
+            if isinstance(verdict.get("dispatch_version"), int):
+                self.lag["sample"].observe(max(0, version - verdict["dispatch_version"]), now)
+            for v in set(model):  # one observation per distinct version, weighted by its tokens
+                self.lag["token"].observe(max(0, version - v), now, model.count(v))
+        span = (max(model) - min(model)) if model else 0
+        stops = int((result.get("metrics") or {}).get("interruptions", 0) or 0)
+        if span or stops:
+            self.partial["rollouts"] += 1
+            self.partial["interruptions"] += stops
+            self.span.observe(span, now)
+        self._trim(now)
+
+    def model_call(self, backend: str, seconds: float, tokens: int) -> None:
+        """One generate call answered by ``backend`` (the pool's observer)."""
+        now = self.clock()
+        self.stages["model_call"].observe(seconds, now)
+        self.calls.append((now, backend, seconds, tokens))
+        self.backend_tokens[backend] = self.backend_tokens.get(backend, 0) + tokens
+        self.backend_calls[backend] = self.backend_calls.get(backend, 0) + 1
+
+    def tool_call(self, seconds: float) -> None:
+        """One env step (the tool calls of one turn) took ``seconds``."""
+        self.stages["tool_call"].observe(seconds, self.clock())
+
+    def sandbox_failed(self, cause: str) -> None:
+        with self._lock:
+            self.sandbox_failures[cause] = self.sandbox_failures.get(cause, 0) + 1
+
+    def sandbox_waiting(self, delta: int) -> None:
+        """An INIT started (+1) or stopped (-1) waiting for a sandbox slot under the node's limit."""
+        with self._lock:
+            self._waiting = max(0, self._waiting + delta)
+            self.sandbox_wait.set(self._waiting > 0, self.clock())
+
+    # ---- hooks: the trainer ------------------------------------------------------------------------------------------
+    def trainer_step(self, phase: str, samples: int | None = None) -> dict[str, Any]:
+        """The trainer's step boundary: ``begin`` (it has its batch) or ``end`` (``samples`` trained in the step)."""
+        if phase not in ("begin", "end"):
+            raise ValueError(f"phase must be 'begin' or 'end', got {phase!r}")
+        if samples is not None and (not isinstance(samples, int) or isinstance(samples, bool) or samples < 0):
+            raise ValueError(f"samples must be an integer >= 0, got {samples!r}")
+        now = self.clock()
+        self.totals["step_reports"] += 1
+        self.trainer.set(phase == "begin", now)
+        if phase == "begin":
+            self._step_began = now
+        else:
+            began, self._step_began = self._step_began, None
+            if began is not None:
+                self.steps.append((now, now - began, int(samples or 0)))
+                self.totals["steps"] += 1
+            if samples:
+                self.consumed(samples, from_step=True)
+        self._trim(now)
+        return {"phase": phase, "steps": self.totals["steps"], "consumed": self.totals["consumed"]}
+
+    def consumed(self, n: int, from_step: bool = False) -> None:
+        """``n`` samples taken by the trainer. Step reports count them; a gate report's ``consumed`` counts only for
+        a trainer that never said ``samples`` in a step report (else each sample would count twice)."""
+        if not from_step and any(s for _, _, s in self.steps):
+            return
+        self.totals["consumed"] += n
+        self.consumed_events.append((self.clock(), n))
+
+    def discarded(self, n: int) -> None:
+        """The trainer threw away ``n`` delivered samples (DAPO's zero-variance groups)."""
+        self.totals["discarded"] += n
+        self.counts["discarded"] = self.counts.get("discarded", 0) + n
+
+    # ---- reading ----------------------------------------------------------------------------------------------------
+    def _trim(self, now: float) -> None:
+        old = now - self.window_s * 2
+        for q in (self.finished, self.steps, self.consumed_events, self.calls, self.load):
+            while q and q[0][0] < old:
+                q.popleft()
+
+    def snapshot(self, now: float | None = None) -> dict[str, Any]:
+        """Every figure over the window ending ``now`` (see the module docstring); ``bound`` names the bottleneck."""
+        now = self.clock() if now is None else now
+        g0 = max(now - self.window_s, self.generator.first if self.generator.first is not None else now)
+        t0 = max(now - self.window_s, self.trainer.first if self.trainer.first is not None else now)
+        span_g = now - g0
+        fin = [f for f in self.finished if f[0] >= g0]
+        produced = [f for f in fin if f[1] != "cancelled"]
+        accepted = sum(1 for f in fin if f[1] == "accepted")
+        steps = [s for s in self.steps if s[0] >= t0]
+        eaten = sum(n for t, n in self.consumed_events if t >= t0)
+        busy_g = self.generator.on_fraction(g0, now)
+        busy_t = self.trainer.on_fraction(t0, now)
+        discarded = min(accepted, self._recent_discards(len(produced)))
+        acceptance = (accepted - discarded) / len(produced) if produced else None
+        prod = len(produced) / span_g if span_g > 0 else None
+        peak = max([n for t, n in self.load if t >= g0] + [self._inflight if busy_g else 0])
+        latency = sum(f[2] for f in produced) / len(produced) if produced else None
+        step_s = sum(s[1] for s in steps) / len(steps) if steps else None
+        per_step = sum(s[2] for s in steps) / len(steps) if steps else None
+        calls = [c for c in self.calls if c[0] >= g0]
+        backends: dict[str, dict[str, Any]] = {}
+        for _, name, secs, toks in calls:
+            b = backends.setdefault(name, {"calls": 0, "tokens": 0, "call_s": 0.0})
+            b["calls"] += 1
+            b["tokens"] += toks
+            b["call_s"] += secs
+        live = self.gauges() if self.gauges is not None else {}
+        for name, b in backends.items():
+            b["tokens_per_s"] = b["tokens"] / span_g if span_g > 0 else None
+            b.update((live.get("backends") or {}).get(name, {}))
+        for name, b in (live.get("backends") or {}).items():
+            backends.setdefault(name, {"calls": 0, "tokens": 0, "call_s": 0.0, "tokens_per_s": 0.0, **b})
+        snap: dict[str, Any] = {
+            "window_s": round(span_g, 3),
+            "production_rate": prod,
+            "effective_production_rate": prod * acceptance if prod is not None and acceptance is not None else None,
+            "acceptance": acceptance,
+            "consumption_rate": eaten / (now - t0) if now > t0 else None,
+            "trainer_idle_ratio": 1.0 - busy_t if busy_t is not None else None,
+            "generator_idle_ratio": 1.0 - busy_g if busy_g is not None else None,
+            "trainer_step_s": step_s,
+            "samples_per_step": per_step,
+            "trainer_capacity": per_step / step_s if step_s and per_step else None,
+            "generator_capacity": acceptance * peak / latency if latency and acceptance is not None else None,
+            "rollout_latency_s": latency, "peak_concurrency": peak,
+            "finished": len(fin), "steps": len(steps),
+            "outcomes": dict(self.counts), "wasted_s": dict(self.wasted_s),
+            "stages": {s: h.summary(g0) for s, h in self.stages.items()},
+            "staleness": {k: h.summary(g0) for k, h in self.lag.items()},
+            "partial": {**self.partial, "span": self.span.summary(g0)},
+            "sandboxes": {**(live.get("sandboxes") or {}), "failures": dict(self.sandbox_failures),
+                          "waiting_ratio": self.sandbox_wait.on_fraction(g0, now) or 0.0},
+            "backends": backends,
+            "queue_depth": live.get("queue_depth", {}),
+            "totals": dict(self.totals),
+        }
+        snap["bound"] = bound(snap)
+        return snap
+
+    def _recent_discards(self, produced: int) -> int:
+        """Trainer discards are reported as counts, not per sample: over the window they are taken in proportion."""
+        total = sum(1 for f in self.finished if f[1] != "cancelled") or 1
+        return round(self.totals["discarded"] * min(1.0, produced / total))
+
+
+def bound(s: dict[str, Any]) -> dict[str, Any]:
+    """The bottleneck from a :meth:`Throughput.snapshot`: ``{"bound", "side", "why", "ratio"}``.
+
+    ``side`` compares capacities: trainer capacity ÷ effective generator capacity above ``1 + TOLERANCE`` means the
+    trainer could eat faster than the generator feeds it (``generator``-bound; its idle ratio says how long it
+    waits), below ``1 / (1 + TOLERANCE)`` the reverse (``trainer``), in between ``balanced``. A generator-bound
+    verdict is narrowed: ``sandboxes`` when INITs waited for a sandbox slot a quarter of the time or a tenth of
+    sandbox starts failed, ``backend:<name>`` when model calls are most of a rollout's in-stage time (the backend
+    with the most call-seconds), else ``generator``. Too few rollouts or trainer steps in the window: ``unknown``.
+    """
+    fig = {k: s.get(k) for k in ("production_rate", "effective_production_rate", "consumption_rate", "acceptance",
+                                 "trainer_capacity", "generator_capacity", "trainer_idle_ratio",
+                                 "generator_idle_ratio")}
+    if s["finished"] < MIN_SAMPLES or s["steps"] < MIN_STEPS or not s["trainer_capacity"] \
+            or not s["generator_capacity"]:
+        return {"bound": "unknown", "side": "unknown", "ratio": None, **fig,
+                "why": f"too little data: {s['finished']} rollouts and {s['steps']} trainer steps in the window "
+                       f"(need {MIN_SAMPLES} and {MIN_STEPS}; the trainer reports steps with POST /trainer/step)"}
+    ratio = s["trainer_capacity"] / s["generator_capacity"]
+    why = (f"trainer capacity {s['trainer_capacity']:.3g}/s (samples per step / step time) vs generator "
+           f"{s['generator_capacity']:.3g}/s (acceptance x {s['peak_concurrency']} concurrent / "
+           f"{s['rollout_latency_s']:.3g}s latency): ratio {ratio:.2f}; idle: "
+           f"trainer {_pct(s['trainer_idle_ratio'])}, generator {_pct(s['generator_idle_ratio'])}")
+    if ratio > 1 + TOLERANCE:
+        side = name = "generator"
+        sb, st = s["sandboxes"], s["stages"]
+        starts = sum(sb["failures"].values()) + st["init"].get("count", 0)
+        run = st["run"].get("mean", 0.0) * st["run"].get("count", 0)
+        calls = {n: b["call_s"] for n, b in s["backends"].items() if b.get("call_s")}
+        if sb["waiting_ratio"] >= 0.25 or (starts and sum(sb["failures"].values()) / starts >= 0.1):
+            name = "sandboxes"
+            why += f"; INIT waited for a sandbox slot {_pct(sb['waiting_ratio'])} of the time, failures " \
+                   f"{sb['failures']}"
+        elif calls and run > 0 and sum(calls.values()) >= 0.5 * run:
+            name = "backend:" + max(calls, key=calls.__getitem__)
+            why += f"; model calls are {_pct(sum(calls.values()) / run)} of RUN time"
+    elif ratio < 1 / (1 + TOLERANCE):
+        side = name = "trainer"
+    else:
+        side = name = "balanced"
+    return {"bound": name, "side": side, "ratio": ratio, "why": why, **fig}
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{100 * x:.0f}%"

@@ -1,0 +1,171 @@
+"""Helpers for the throughput-metrics tests: a golden player with a long-tailed (and optionally queueing) model
+latency, a scrape parsed by prometheus_client's own parser, and the simulated trainer of issue #26's check."""
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+import time
+from typing import Any
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from envhub.service.golden import GoldenBackend
+
+
+class LatencyGolden(GoldenBackend):
+    """The envs' golden players, each call delayed by a lognormal draw (median ``median_s``, shape ``sigma``: a
+    long tail, p99 ~ 6x the median at sigma 0.8). ``slots``: at most that many calls are served at once, the rest
+    wait in this backend's queue (what a saturated vLLM does), reported by :meth:`load` as ``waiting``."""
+
+    def __init__(self, median_s: float = 0.05, sigma: float = 0.8, *, slots: int | None = None, seed: int = 0,
+                 hold_first: bool = False):
+        super().__init__()
+        # hold_first: each session's first call waits until the test sets ``release`` (a threading event: the
+        # server runs on its own loop in another thread)
+        self.release = threading.Event() if hold_first else None
+        self.median_s, self.sigma, self.rng = median_s, sigma, random.Random(seed)
+        self.slots = slots
+        self._sem: asyncio.Semaphore | None = None
+        self.waiting = 0
+        self.sessions: set[str] = set()  # sessions that began a call (a test waits for jobs to be inside one)
+
+    def load(self) -> dict[str, int]:
+        return {"waiting": self.waiting}
+
+    async def generate(self, prompt_ids, params, *, session_id=None):
+        delay = self.median_s * self.rng.lognormvariate(0.0, self.sigma)
+        first = session_id not in self.sessions
+        self.sessions.add(session_id)
+        while first and self.release is not None and not self.release.is_set():
+            await asyncio.sleep(0.01)
+        if self.slots is None:
+            await asyncio.sleep(delay)
+            return await super().generate(prompt_ids, params, session_id=session_id)
+        if self._sem is None:
+            self._sem = asyncio.Semaphore(self.slots)
+        self.waiting += 1
+        try:
+            await self._sem.acquire()
+        finally:
+            self.waiting -= 1
+        try:
+            await asyncio.sleep(delay)
+            return await super().generate(prompt_ids, params, session_id=session_id)
+        finally:
+            self._sem.release()
+
+
+def hold(n: int, sleep: float = 0.0) -> dict[str, Any]:
+    """A ``svc-hold`` job: a real bwrap sandbox, one bash tool call (``sleep``), then the answer."""
+    return {"instance": {"env_id": "svc-hold", "task": {"task_id": f"hold-{n}", "n": n, "sleep": sleep}}}
+
+
+def scrape(url: str) -> dict[str, Any]:
+    """``GET /metrics`` parsed by prometheus_client's parser: ``{family name: family}`` (the parity check)."""
+    r = httpx.get(url + "/metrics", timeout=30)
+    assert r.status_code == 200, r.text
+    assert r.headers["content-type"].startswith("text/plain")
+    return {f.name: f for f in text_string_to_metric_families(r.text)}
+
+
+def value(fams: dict[str, Any], sample: str, **labels: str) -> float:
+    """The value of one sample (``envhub_stage_seconds_count`` with ``stage="tool_call"``...); 0 when absent."""
+    family = fams[sample.removesuffix("_total").removesuffix("_count").removesuffix("_sum")]
+    for s in family.samples:
+        if s.name == sample and all(s.labels.get(k) == v for k, v in labels.items()):
+            return s.value
+    return 0.0
+
+
+def mean_of(fams: dict[str, Any], family: str, **labels: str) -> float:
+    n = value(fams, f"{family}_count", **labels)
+    return value(fams, f"{family}_sum", **labels) / n if n else 0.0
+
+
+def union_s(intervals: list[tuple[float, float]]) -> float:
+    total, end = 0.0, float("-inf")
+    for a, b in sorted(intervals):
+        if b <= end:
+            continue
+        total += b - max(a, end)
+        end = b
+    return total
+
+
+async def simulate(url: str, *, rate: float | None, concurrency: int = 4, batch: int = 4, cap: int = 12,
+                   warm_s: float = 1.5, window_s: float = 4.0) -> dict[str, Any]:
+    """A generator (``concurrency`` workers feeding a buffer of at most ``cap`` samples) and a trainer taking
+    ``batch`` samples per step whose step lasts ``batch / rate`` seconds.
+
+    The generator runs alone for ``warm_s`` (sandbox pools fill), then the trainer runs for ``window_s`` (the
+    service's metrics window) and ``/status`` is read. ``rate=None``: no trainer; returns the steady production
+    rate over ``window_s`` after the warm-up (the calibration). Every request and step is logged with this
+    process's monotonic clock; the ground-truth idle ratios come from those logs over the same window."""
+    buffer: list[dict] = []
+    outstanding = [0]
+    done = [False]
+    cond = asyncio.Condition()
+    requests: list[list] = []  # [sent, answered or None]
+    steps: list[tuple[float, float]] = []
+    async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+
+        async def worker(i: int) -> None:
+            n = 0
+            while True:
+                async with cond:
+                    await cond.wait_for(lambda: done[0] or rate is None or len(buffer) + outstanding[0] < cap)
+                    if done[0]:
+                        return
+                    outstanding[0] += 1
+                entry = [time.monotonic(), None]  # logged when sent: one still in flight at the query counts
+                requests.append(entry)
+                r = await client.post("/process", json=hold(1000 * i + n))
+                entry[1] = time.monotonic()
+                n += 1
+                assert r.status_code == 200 and r.json()["critical_error"] is None, r.text
+                async with cond:
+                    outstanding[0] -= 1
+                    buffer.append(r.json())
+                    cond.notify_all()
+
+        workers = [asyncio.ensure_future(worker(i)) for i in range(concurrency)]
+        try:
+            await asyncio.sleep(warm_s)
+            t_start = time.monotonic()
+            if rate is None:
+                await asyncio.sleep(window_s)
+                t_end = time.monotonic()
+                produced = sum(1 for a, b in requests if b is not None and t_start <= b <= t_end)
+                return {"production_rate": produced / (t_end - t_start)}
+            step_s = batch / rate
+            while time.monotonic() - t_start < window_s - step_s:
+                async with cond:
+                    await cond.wait_for(lambda: len(buffer) >= batch)
+                    del buffer[:batch]
+                    cond.notify_all()
+                tb = time.monotonic()
+                (await client.post("/trainer/step", json={"phase": "begin"})).raise_for_status()
+                await asyncio.sleep(step_s)
+                te = time.monotonic()
+                (await client.post("/trainer/step", json={"phase": "end", "samples": batch})).raise_for_status()
+                steps.append((tb, te))
+            t_query = time.monotonic()
+            status = (await client.get("/status")).json()
+        finally:
+            async with cond:
+                done[0] = True
+                cond.notify_all()
+            await asyncio.gather(*workers, return_exceptions=True)
+    g0 = t_query - window_s
+    t0 = max(g0, steps[0][0])
+    busy_t = sum(min(te, t_query) - max(tb, t0) for tb, te in steps if te > t0)
+    live = [(max(a, g0), t_query if b is None else min(b, t_query)) for a, b in requests
+            if a < t_query and (b is None or b > g0)]
+    return {
+        "status": status,
+        "truth": {"trainer_idle_ratio": 1 - busy_t / (t_query - t0),
+                  "generator_idle_ratio": 1 - union_s(live) / (t_query - g0)},
+        "steps": len(steps), "rollouts": sum(1 for a, b in requests if b is not None and b > g0),
+    }
