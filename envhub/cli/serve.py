@@ -55,8 +55,17 @@ def _load_plugins(plugins: tuple[str, ...]) -> list[str]:
 @click.option("--no-autostart", is_flag=True, help="Wait for POST /start before accepting jobs.")
 @click.option("--max-body-mb", type=float, default=None, help="Request body cap (default 16 MB).")
 @click.option("--log-level", default="warning", show_default=True)
+@click.option("--preflight", "preflight_only", is_flag=True,
+              help="Only check this node for the requested concurrency (descriptors, processes, sandbox runtime, "
+                   "memory, disk, backends), print the findings and exit (1 if refused).")
+@click.option("--no-preflight", is_flag=True, help="Skip the checks the server runs before it starts.")
+@click.option("--concurrency", type=int, default=None,
+              help="Sandboxes alive at once the preflight checks for (default: init + run workers).")
+@click.option("--sandbox-runtime", default=None,
+              help="The sandbox runtime the preflight must find working (default: any; a missing one only warns).")
 def serve_cmd(host, port, init_workers, run_workers, eval_workers, backends, tokenizer, timeout, sandbox_pool,
-              max_sandboxes, plugins, token, no_autostart, max_body_mb, log_level):
+              max_sandboxes, plugins, token, no_autostart, max_body_mb, log_level, preflight_only, no_preflight,
+              concurrency, sandbox_runtime):
     """Serve rollouts over HTTP (the ProRL Agent API): POST /process, /cancel, /add_llm_server, /status..."""
     import secrets
 
@@ -74,6 +83,13 @@ def serve_cmd(host, port, init_workers, run_workers, eval_workers, backends, tok
         raise click.BadParameter(f"must be >= 1, got {max_sandboxes}", param_hint="--max-sandboxes")
     if max_body_mb is not None and max_body_mb <= 0:
         raise click.BadParameter(f"must be > 0, got {max_body_mb}", param_hint="--max-body-mb")
+    if concurrency is not None and concurrency < 1:
+        raise click.BadParameter(f"must be >= 1, got {concurrency}", param_hint="--concurrency")
+    if preflight_only or not no_preflight:
+        _preflight(concurrency or init_workers + run_workers, list(backends), sandbox_runtime, max_sandboxes,
+                   only=preflight_only)
+        if preflight_only:
+            return
     extra = _load_plugins(plugins)
     generated = False
     if not is_loopback(host) and not token:
@@ -105,6 +121,22 @@ def serve_cmd(host, port, init_workers, run_workers, eval_workers, backends, tok
     limits = {"max_body_bytes": int(max_body_mb * (1 << 20))} if max_body_mb else {}
     serve(service, host=host, port=port, token=token, autostart=not no_autostart, log_level=log_level,
           on_ready=ready, **limits)
+
+
+def _preflight(concurrency: int, backends: list[str], runtime: str | None, max_sandboxes: int | None, *,
+               only: bool) -> None:
+    """Run :func:`envhub.service.preflight.preflight`; refuse (exit 1) with the failed checks' one-line reasons."""
+    from envhub.service.preflight import preflight
+
+    checks = preflight(concurrency, backends=backends, runtime=runtime or "auto", runtime_required=runtime is not None,
+                       max_sandboxes=max_sandboxes)
+    refused = [c for c in checks if not c.ok and c.fatal]
+    for c in checks:
+        if only or not c.ok:  # at start-up only what needs attention is printed
+            click.echo(f"preflight {c.line()}", err=bool(refused) and not c.ok)
+    if refused:
+        raise click.ClickException("preflight refused to start: " + "; ".join(f"{c.name}: {c.detail}"
+                                                                                for c in refused))
 
 
 @click.command("status")
