@@ -14,7 +14,9 @@ samples into a queue, a trainer consumes them.
 * **Capacities**, what each side would do if the other never held it back: the trainer's is samples per step ÷
   step compute time (``begin`` to ``end``); the generator's is ``acceptance × concurrency ÷ latency`` (Little's
   law), with the most rollouts the pipeline held at once in the window as the concurrency and the mean time a
-  rollout spends in the pipeline (queues included) as the latency. Their ratio names the bottleneck (:func:`bound`).
+  rollout spends in the pipeline (queues included) as the latency.
+* **The bottleneck** (:func:`bound`): the side the other waits for, by the idle ratios; the capacities' ratio breaks
+  the tie when both wait (and is shown either way, with the figures).
 
 Every rate and ratio is taken over a sliding window (``window_s``, 60 s by default, shortened to the time since the
 first event); counters and histograms are cumulative, as Prometheus expects. Hooks are a few dict/deque operations
@@ -25,13 +27,15 @@ from __future__ import annotations
 
 import threading
 import time
+from bisect import bisect_left
 from collections import deque
 from typing import Any, Callable
 
 STAGE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0)
 LAG_BUCKETS = (0.0, 1.0, 2.0, 3.0, 4.0, 8.0, 16.0, 32.0)
 STAGES = ("queue", "init", "run", "eval", "model_call", "tool_call")
-TOLERANCE = 0.25  # capacities within 25 % of each other: balanced (the noise of a long-tailed latency)
+IDLE = 0.15  # a side idle more than this share of the window is waiting for the other
+TOLERANCE = 0.25  # both sides idle: capacities within 25 % of each other are balanced
 MIN_SAMPLES, MIN_STEPS = 4, 2  # fewer finished rollouts or trainer steps in the window: "unknown"
 FAILED = {"error", "timeout"}
 
@@ -73,7 +77,9 @@ class Hist:
     """A cumulative histogram (Prometheus buckets, sum, count) that also keeps recent observations for windowed
     quantiles."""
 
-    def __init__(self, buckets: tuple[float, ...], keep: int = 4096):
+    __slots__ = ("buckets", "counts", "sum", "count", "recent")
+
+    def __init__(self, buckets: tuple[float, ...], keep: int = 2048):
         self.buckets = buckets
         self.counts = [0] * (len(buckets) + 1)  # the last one is +Inf
         self.sum, self.count = 0.0, 0
@@ -81,13 +87,7 @@ class Hist:
 
     def observe(self, v: float, t: float, n: int = 1) -> None:
         """``n`` observations of value ``v`` at time ``t`` (``n``: the tokens of one rollout sharing one lag)."""
-        i = 0
-        for i, b in enumerate(self.buckets):  # noqa: B007  (short, fixed tuples: a loop beats bisect's call)
-            if v <= b:
-                break
-        else:
-            i = len(self.buckets)
-        self.counts[i] += n
+        self.counts[bisect_left(self.buckets, v)] += n  # the first bucket with v <= le (len: +Inf)
         self.sum += v * n
         self.count += n
         self.recent.append((t, v, n))
@@ -191,12 +191,16 @@ class Throughput:
             self.wasted_s[outcome] = self.wasted_s.get(outcome, 0.0) + in_stage
         self.finished.append((now, outcome, in_stage + times.get("others", 0.0)))
         version = verdict.get("version")
-        model = [v for v in result.get("response_versions") or () if v >= 0]  # -1: env tokens, never sampled
+        versions = result.get("response_versions") or []
+        # distinct versions by set(), tokens per version by list.count (both C loops; a rollout has thousands of
+        # tokens and one to a few versions, so this costs microseconds where a Python loop would cost a millisecond)
+        tokens = {v: versions.count(v) for v in set(versions) if v >= 0}  # -1: the env's tokens, never sampled
+        model = list(tokens)
         if isinstance(version, int) and outcome != "cancelled":  # staleness of what is handed to the trainer
             if isinstance(verdict.get("dispatch_version"), int):
                 self.lag["sample"].observe(max(0, version - verdict["dispatch_version"]), now)
-            for v in set(model):  # one observation per distinct version, weighted by its tokens
-                self.lag["token"].observe(max(0, version - v), now, model.count(v))
+            for v in model:  # one observation per distinct version, weighted by its tokens
+                self.lag["token"].observe(max(0, version - v), now, tokens[v])
         span = (max(model) - min(model)) if model else 0
         stops = int((result.get("metrics") or {}).get("interruptions", 0) or 0)
         if span or stops:
@@ -336,29 +340,32 @@ class Throughput:
 
 
 def bound(s: dict[str, Any]) -> dict[str, Any]:
-    """The bottleneck from a :meth:`Throughput.snapshot`: ``{"bound", "side", "why", "ratio"}``.
+    """The bottleneck from a :meth:`Throughput.snapshot`: ``{"bound", "side", "why", "ratio", figures...}``.
 
-    ``side`` compares capacities: trainer capacity ÷ effective generator capacity above ``1 + TOLERANCE`` means the
-    trainer could eat faster than the generator feeds it (``generator``-bound; its idle ratio says how long it
-    waits), below ``1 / (1 + TOLERANCE)`` the reverse (``trainer``), in between ``balanced``. A generator-bound
-    verdict is narrowed: ``sandboxes`` when INITs waited for a sandbox slot a quarter of the time or a tenth of
-    sandbox starts failed, ``backend:<name>`` when model calls are most of a rollout's in-stage time (the backend
-    with the most call-seconds), else ``generator``. Too few rollouts or trainer steps in the window: ``unknown``.
+    ``side`` comes from the idle ratios (research note §3.4), the capacities break a tie. The trainer idle more than
+    ``IDLE`` of the window while the generator is not: the **generator** is the bottleneck (the trainer waits for
+    it); the reverse: the **trainer**; neither: ``balanced``. Both idle (a staleness bound that holds the generator
+    back while the trainer waits for stragglers): the capacity ratio (trainer ÷ generator) decides, above
+    ``1 + TOLERANCE`` generator, below its inverse trainer, else balanced. A generator-bound verdict is narrowed:
+    ``sandboxes`` when INITs waited for a sandbox slot a quarter of the time or a tenth of sandbox starts failed,
+    ``backend:<name>`` when model calls are at least half of RUN time (the backend with the most call-seconds),
+    else ``generator``. Fewer than ``MIN_SAMPLES`` rollouts or ``MIN_STEPS`` trainer steps in the window:
+    ``unknown``.
     """
     fig = {k: s.get(k) for k in ("production_rate", "effective_production_rate", "consumption_rate", "acceptance",
                                  "trainer_capacity", "generator_capacity", "trainer_idle_ratio",
                                  "generator_idle_ratio")}
+    ti, gi = s["trainer_idle_ratio"], s["generator_idle_ratio"]
     if s["finished"] < MIN_SAMPLES or s["steps"] < MIN_STEPS or not s["trainer_capacity"] \
-            or not s["generator_capacity"]:
+            or not s["generator_capacity"] or ti is None or gi is None:
         return {"bound": "unknown", "side": "unknown", "ratio": None, **fig,
                 "why": f"too little data: {s['finished']} rollouts and {s['steps']} trainer steps in the window "
                        f"(need {MIN_SAMPLES} and {MIN_STEPS}; the trainer reports steps with POST /trainer/step)"}
     ratio = s["trainer_capacity"] / s["generator_capacity"]
-    why = (f"trainer capacity {s['trainer_capacity']:.3g}/s (samples per step / step time) vs generator "
-           f"{s['generator_capacity']:.3g}/s (acceptance x {s['peak_concurrency']} concurrent / "
-           f"{s['rollout_latency_s']:.3g}s latency): ratio {ratio:.2f}; idle: "
-           f"trainer {_pct(s['trainer_idle_ratio'])}, generator {_pct(s['generator_idle_ratio'])}")
-    if ratio > 1 + TOLERANCE:
+    why = (f"idle: trainer {_pct(ti)}, generator {_pct(gi)}; trainer capacity {s['trainer_capacity']:.3g}/s "
+           f"(samples per step / step time) vs generator {s['generator_capacity']:.3g}/s (acceptance x "
+           f"{s['peak_concurrency']} concurrent / {s['rollout_latency_s']:.3g}s latency): ratio {ratio:.2f}")
+    if ti > IDLE and gi <= IDLE or (ti > IDLE and gi > IDLE and ratio > 1 + TOLERANCE):
         side = name = "generator"
         sb, st = s["sandboxes"], s["stages"]
         starts = sum(sb["failures"].values()) + st["init"].get("count", 0)
@@ -371,7 +378,7 @@ def bound(s: dict[str, Any]) -> dict[str, Any]:
         elif calls and run > 0 and sum(calls.values()) >= 0.5 * run:
             name = "backend:" + max(calls, key=calls.__getitem__)
             why += f"; model calls are {_pct(sum(calls.values()) / run)} of RUN time"
-    elif ratio < 1 / (1 + TOLERANCE):
+    elif gi > IDLE and ti <= IDLE or (ti > IDLE and gi > IDLE and ratio < 1 / (1 + TOLERANCE)):
         side = name = "trainer"
     else:
         side = name = "balanced"

@@ -233,3 +233,75 @@ async def test_a_metric_whose_update_is_switched_off_fails_its_check(serve, monk
     with pytest.raises(AssertionError):
         await globals()[check](serve)
     monkeypatch.setattr(Throughput, hook, original)
+
+
+# ---- the arithmetic, on a clock the test holds -------------------------------------------------------------------
+class Clock:
+    def __init__(self):
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def scripted_run(trainer_step_s: float, gap_s: float, *, rollout_s: float = 1.0, concurrency: int = 4,
+                 gen_gap_s: float = 0.0, sandbox_wait: bool = False, failures: int = 0,
+                 call_share: float = 0.2) -> dict:
+    """Waves of ``concurrency`` rollouts of ``rollout_s``, ``gen_gap_s`` apart, for 20 s; a trainer stepping
+    ``trainer_step_s`` with ``gap_s`` idle between steps, 4 samples each. Exact idle ratios: the trainer's
+    ``gap / (step + gap)``, the generator's ``gen_gap / (rollout + gen_gap)``."""
+    clock = Clock()
+    t = Throughput(window_s=20.0, clock=clock)
+    t0 = clock.t
+    events = []
+    wave = rollout_s + gen_gap_s
+    for k in range(int(20 / wave)):
+        for _ in range(concurrency):
+            events.append((t0 + k * wave, "start"))
+            events.append((t0 + k * wave + rollout_s - 1e-6, "finish"))
+    s = t0
+    while s < t0 + 20:
+        events.append((s, "begin"))
+        events.append((s + trainer_step_s, "end"))
+        s += trainer_step_s + gap_s
+    order = {"finish": 0, "end": 1, "start": 2, "begin": 3}  # at one instant: what ends goes first
+    for when, what in sorted(events, key=lambda e: (e[0], order[e[1]])):
+        clock.t = when
+        if what == "start":
+            t.job_started()
+            if sandbox_wait:
+                t.sandbox_waiting(+1)
+        elif what == "finish":
+            if sandbox_wait:
+                t.sandbox_waiting(-1)
+            t.model_call("vllm-a", call_share * rollout_s, 10)
+            t.job_finished({"finish_reason": "done", "details": {}}, {"init": 0.0, "run": rollout_s, "eval": 0.0,
+                                                                      "others": 0.0})
+        else:
+            t.trainer_step(what, 4 if what == "end" else None)
+    for _ in range(failures):
+        t.sandbox_failed("runtime_unavailable")
+    clock.t = t0 + 20
+    return t.snapshot()
+
+
+def test_bound_arithmetic_on_exact_timelines():
+    # the trainer eats 2/s without a pause; the generator could make 4/s and is held back half the time
+    slow_trainer = scripted_run(trainer_step_s=2.0, gap_s=0.0, gen_gap_s=1.0)
+    assert slow_trainer["bound"]["side"] == "trainer", slow_trainer["bound"]
+    assert slow_trainer["trainer_idle_ratio"] < 0.01
+    assert slow_trainer["generator_idle_ratio"] == pytest.approx(0.5, abs=0.01)
+    assert slow_trainer["trainer_capacity"] == pytest.approx(2.0)
+    assert slow_trainer["generator_capacity"] == pytest.approx(4.0, rel=0.01)
+    fast = scripted_run(trainer_step_s=0.5, gap_s=0.5)  # waits half the time
+    assert fast["trainer_idle_ratio"] == pytest.approx(0.5, abs=0.01)
+    assert fast["bound"]["side"] == "generator" and fast["bound"]["bound"] == "generator", fast["bound"]
+    assert scripted_run(0.5, 0.5, call_share=0.8)["bound"]["bound"] == "backend:vllm-a"
+    assert scripted_run(0.5, 0.5, sandbox_wait=True)["bound"]["bound"] == "sandboxes"
+    assert scripted_run(0.5, 0.5, failures=30)["bound"]["bound"] == "sandboxes"
+    matched = scripted_run(trainer_step_s=1.0, gap_s=0.0)
+    assert matched["bound"]["side"] == "balanced", matched["bound"]
+    # both wait (a tight staleness bound): the capacities decide
+    assert scripted_run(0.5, 0.5, gen_gap_s=1.0)["bound"]["side"] == "generator"  # 8/s vs 4/s
+    assert scripted_run(4.0, 1.0, gen_gap_s=1.0)["bound"]["side"] == "trainer"  # 1/s vs 4/s
+    assert Throughput().snapshot()["bound"]["bound"] == "unknown"
