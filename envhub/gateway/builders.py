@@ -38,7 +38,21 @@ REWARD_MODES = ("outcome", "discount")
 
 
 def call_rewards(session: Session, mode: str = "outcome", discount: float = 1.0) -> dict[str, float]:
-    """Reward per finished call under ``mode`` (see module docstring)."""
+    """Reward per finished call under ``mode`` (see the module docstring).
+
+    Args:
+        session: the session whose calls are rewarded.
+        mode: ``"outcome"``: every finished call gets the reward of the latest finished call that has one (0 when
+            none has); ``"discount"``: back from the last finished call, ``r[i] = reward[i] + r[i+1] * discount``
+            (an unset reward counts 0; a warning is logged when the last call has none).
+        discount: the turn discount of ``"discount"`` mode.
+
+    Returns:
+        ``{call_id: reward}`` for every finished call.
+
+    Raises:
+        ValueError: ``mode`` is neither ``"outcome"`` nor ``"discount"``.
+    """
     done = [c for c in session.calls if c.ok]
     if mode == "outcome":
         last = next((c.reward for c in reversed(done) if c.reward is not None), None)
@@ -83,6 +97,21 @@ def _details(session: Session, calls: list[CallRecord], role: str, versions: lis
 
 
 def per_request(session: Session, *, reward: str = "outcome", discount: float = 1.0) -> list[Trajectory]:
+    """Every finished call as one trajectory: its prompt ids, then its sampled ids (all trainable).
+
+    Args:
+        session: the session (calls that failed or are still running are left out).
+        reward: ``"outcome"`` (default) or ``"discount"`` (:func:`call_rewards`).
+        discount: the turn discount of ``reward="discount"``.
+
+    Returns:
+        One :class:`~envhub.rollout.trajectory.Trajectory` per finished call, in call order (``num_turns=1``,
+        ``details["chain_role"] == "request"``); each is ``finish_reason="error"`` when a call was aborted or the
+        session's last call failed. ``[]`` when no call finished.
+
+    Raises:
+        ValueError: an unknown ``reward`` mode.
+    """
     rewards = call_rewards(session, reward, discount)
     out = []
     for c in (c for c in session.calls if c.ok):
@@ -98,7 +127,15 @@ def per_request(session: Session, *, reward: str = "outcome", discount: float = 
 
 
 def chains(session: Session) -> list[list[CallRecord]]:
-    """Root-to-leaf paths of finished calls, main chain first (see module docstring)."""
+    """Root-to-leaf paths of finished calls (a call's parent is the call it extends), main chain first.
+
+    Args:
+        session: the session.
+
+    Returns:
+        Each path as its calls, root first. Order: the most calls with tools first, then the longest, then the
+        earliest root, then the earliest leaf.
+    """
     done = {c.call_id: c for c in session.calls if c.ok}
     children: dict[str, list[CallRecord]] = {}
     for c in done.values():
@@ -127,6 +164,27 @@ def _abandoned(leaf: CallRecord, session: Session) -> bool:
 
 
 def prefix_merging(session: Session, *, reward: str = "outcome", discount: float = 1.0) -> list[Trajectory]:
+    """Each root-to-leaf chain of calls (:func:`chains`) as one trajectory (see the module docstring).
+
+    A trajectory holds its root's prompt, then every call's sampled ids (mask 1, their logprobs and versions) with
+    the rendered new messages between them (mask 0, version -1). A call shared by several chains is trained only in
+    the first that holds it; a retried call the harness abandoned is built with ``finish_reason="cancelled"``
+    (unless the session failed) and trains nothing. Its reward is its leaf call's.
+
+    Args:
+        session: the session (calls that failed or are still running are left out).
+        reward: ``"outcome"`` (default) or ``"discount"`` (:func:`call_rewards`).
+        discount: the turn discount of ``reward="discount"``.
+
+    Returns:
+        One :class:`~envhub.rollout.trajectory.Trajectory` per chain, main chain first (``details["chain_role"]``:
+        ``"main"``, ``"aux"`` or ``"sub"``); ``[]`` when no call finished.
+
+    Raises:
+        ValueError: an unknown ``reward`` mode.
+        AssertionError: a call's sampled ids are not where its chain puts them (the splice invariant broken: a bug
+            of the gateway's, not a client's doing).
+    """
     rewards = call_rewards(session, reward, discount)
     trained: set[str] = set()
     out = []
@@ -167,6 +225,19 @@ def _versions(c: CallRecord) -> list[int]:
 
 
 def build(session: Session, builder: str = "prefix_merging", **kw: Any) -> list[Trajectory]:
+    """A session's trajectories by the builder named.
+
+    Args:
+        session: the session (calls that failed or are still running are left out).
+        builder: ``"prefix_merging"`` (default, :func:`prefix_merging`) or ``"per_request"`` (:func:`per_request`).
+        **kw: ``reward=`` and ``discount=``, passed to the builder.
+
+    Returns:
+        The builder's trajectories.
+
+    Raises:
+        ValueError: an unknown ``builder`` or ``reward`` mode.
+    """
     if builder == "per_request":
         return per_request(session, **kw)
     if builder == "prefix_merging":
@@ -175,7 +246,16 @@ def build(session: Session, builder: str = "prefix_merging", **kw: Any) -> list[
 
 
 def summary(session: Session) -> dict[str, Any]:
-    """What a person checks first: calls, chains and why each one started, flags."""
+    """What a person checks first: calls, chains and why each one started, flags.
+
+    Args:
+        session: the session.
+
+    Returns:
+        ``{"session_id", "calls", "chains", "roots", "flags", "tools"}``: the number of calls (all, failed ones too)
+        and of chains; every call that opened a chain with its ``break_reason``; the session's flags; the main
+        chain's tools (``[]`` when no call finished).
+    """
     paths = chains(session)
     return {"session_id": session.session_id, "calls": len(session.calls), "chains": len(paths),
             "roots": [{"call": c.call_id, "reason": c.break_reason} for c in session.calls if c.parent is None],

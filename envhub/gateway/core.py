@@ -39,7 +39,20 @@ class UpstreamError(RuntimeError):
 
 @dataclass
 class ChatRequest:
-    """A model call in the gateway's own terms (what every dialect translates to)."""
+    """A model call in the gateway's own terms (what every dialect translates to).
+
+    Attributes:
+        dialect: the provider API it came in on: ``"chat"`` (OpenAI chat completions), ``"responses"`` (OpenAI
+            Responses) or ``"anthropic"`` (Anthropic Messages); it picks the prefix of the call's id.
+        messages: the conversation as OpenAI chat messages (made renderable by
+            :func:`~envhub.gateway.messages.prepare` when the call is served).
+        tools: OpenAI function tools, or ``None``: they pick the chat codec, and a call extends only a chain with the
+            same tools.
+        params: the sampling parameters; :meth:`Gateway.complete` sets ``max_tokens`` on this object.
+        max_tokens_given: whether the client named a completion budget (else the gateway's ``default_max_tokens``).
+        stream: whether the client asked for a streamed reply (the app's and the dialect's concern, not the call's).
+        model: the model name the client sent, echoed in the reply (``"envhub"`` when empty).
+    """
 
     dialect: str
     messages: list[dict[str, Any]]
@@ -52,6 +65,16 @@ class ChatRequest:
 
 @dataclass
 class ChatResult:
+    """What :meth:`Gateway.complete` returns: the dialect turns it into the provider's reply.
+
+    Attributes:
+        call: the call's record in the session (prompt ids, sampled ids, logprobs, versions, the chain's parent).
+        text: the reply's text content (``""`` when the model only called tools).
+        tool_calls: the parsed tool calls as OpenAI tool calls, their ids minted by the gateway.
+        finish_reason: ``"length"`` when the completion budget cut the reply, else ``"tool_calls"`` when it has tool
+            calls, else ``"stop"``.
+    """
+
     call: CallRecord
     text: str
     tool_calls: list[dict[str, Any]]                # OpenAI tool calls, ids minted by the gateway
@@ -59,10 +82,12 @@ class ChatResult:
 
     @property
     def prompt_tokens(self) -> int:
+        """Tokens in the prompt the backend was given (``len(call.prompt_ids)``)."""
         return len(self.call.prompt_ids)
 
     @property
     def completion_tokens(self) -> int:
+        """Tokens the model sampled (``len(call.sampled_ids)``)."""
         return len(self.call.sampled_ids)
 
 
@@ -85,6 +110,9 @@ class Gateway:
         system_tool_list: for a chat template that does not render tools (SmolLM2's), append the tool list to the
             system message. Off by default: vLLM's server then renders no tool definitions, and a policy must be
             trained on the prompts it will be served (docs/decisions.md, #28).
+
+    Raises:
+        NoCapacity: ``capacity`` sessions cannot be granted under ``gate``'s bounds.
     """
 
     def __init__(self, backend: LLMBackend, tokenizer: Any, *, parser: str = "auto", max_model_len: int = 32768,
@@ -114,6 +142,9 @@ class Gateway:
 
     @property
     def policy_version(self) -> int:
+        """The version of the weights sampling now (the lifecycle's). Setting it is AReaL's ``set_version``: a bump
+        with nothing sampling; :class:`~envhub.backends.lifecycle.LifecycleError` if the version goes backwards or
+        calls are sampling (pause first)."""
         return self.lifecycle.version
 
     @policy_version.setter
@@ -129,16 +160,45 @@ class Gateway:
         return len(self.gate.granted)
 
     def grant(self, n: int = 1) -> int:
-        """AReaL's ``/grant_capacity``: admit ``n`` sessions ahead (:class:`NoCapacity` if the gate has no room)."""
+        """Admit ``n`` sessions ahead of their start (AReaL's ``/grant_capacity``); each later
+        :meth:`start_session` without a ``lease`` spends one.
+
+        Args:
+            n: how many sessions to admit: all of them or none.
+
+        Returns:
+            The sessions now granted and not yet started (all of them, not only these ``n``).
+
+        Raises:
+            NoCapacity: the gate has no room for all ``n`` (nothing is granted; HTTP 429).
+        """
         return self.gate.grant(n)
 
     def start_session(self, task_id: str = "", *, task: Any = None, api_key: str | None = None,
                       session_id: str | None = None, lease: Lease | None = None,
                       granted_only: bool = False) -> Session:
-        """A new session, admitted by the gate: with ``lease`` (the caller's admission, e.g. the rollout job a
-        harness episode runs in; the caller releases it), else a granted one, else a new one if the gate has
-        capacity -- :class:`NoCapacity` (HTTP 429) if not. ``granted_only`` (AReaL's ``/rl/start_session``): with
-        a gate that bounds nothing, only a grant admits, as on AReaL's proxy."""
+        """Start a session, admitted by the gate (sessions idle past ``session_timeout_s`` are dropped first).
+
+        Args:
+            task_id: the task it plays: the trajectories' ``task_id``, and the stem of a generated ``session_id``
+                (``"{task_id}-{i}"``; ``"session-{i}"`` without one).
+            task: the task row, handed to a scripted backend's policy.
+            api_key: the key its client will send (default: a new random one). A key bound to an ended session is
+                taken over.
+            session_id: its id (default: generated as above).
+            lease: the caller's admission (e.g. the rollout job a harness episode runs in): the caller releases it,
+                and :meth:`end_session` then reports nothing to the gate. Without one, the session spends a granted
+                lease (:meth:`grant`), else takes a new one if the gate has room.
+            granted_only: AReaL's ``/rl/start_session``: with a gate that bounds nothing, only a grant admits, as on
+                AReaL's proxy (a bounded gate admits by its rule either way).
+
+        Returns:
+            The new :class:`~envhub.gateway.records.Session`; its ``api_key`` is what the client authenticates with.
+
+        Raises:
+            BadRequest: ``api_key`` is bound to a session that has not ended, or ``session_id`` exists (status 409).
+            NoCapacity: no grant is left and the gate has no room (HTTP 429).
+        """
         self._sweep()
         if api_key is not None and api_key in self.keys:
             old = self.sessions.get(self.keys[api_key])
@@ -166,10 +226,29 @@ class Gateway:
         return session
 
     def session_for_key(self, key: str) -> Session | None:
+        """The session a client's API key is bound to.
+
+        Args:
+            key: the key the client sent.
+
+        Returns:
+            Its :class:`~envhub.gateway.records.Session` (an ended one too, until it is dropped), or ``None`` for a
+            key bound to none.
+        """
         sid = self.keys.get(key)
         return self.sessions.get(sid) if sid is not None else None
 
     def end_session(self, session: Session) -> None:
+        """End a session: later calls on it are refused (410), and whatever waits for its end (an export) goes on.
+
+        When the gateway admitted the session (no caller's ``lease``), the gate learns its outcome: ``ok`` when a
+        call finished and none failed upstream or was aborted; a session the gate calls stale is flagged
+        ``stale_withheld`` or ``stale_dropped``. The backend's per-session state, if it opened any, is closed. The
+        session and its calls stay in the gateway for the builders until :meth:`drop_session`.
+
+        Args:
+            session: the session to end.
+        """
         entry = self.leases.pop(session.session_id, None)
         if entry is not None and entry[1]:  # the gate learns the outcome; a stale session is marked, not trained
             ok = any(c.ok for c in session.calls) and not {"upstream_failure", "aborted_call"} & set(session.flags)
@@ -183,6 +262,11 @@ class Gateway:
             (session.backend or self.backend).close_session(session.session_id)
 
     def drop_session(self, session: Session) -> None:
+        """Forget a session, ending it first (:meth:`end_session`) if it has not ended: its record and its key go.
+
+        Args:
+            session: the session to drop (build its trajectories first: :func:`~envhub.gateway.builders.build`).
+        """
         if not session.ended:
             self.end_session(session)
         self.sessions.pop(session.session_id, None)
@@ -195,6 +279,21 @@ class Gateway:
             self.drop_session(s)
 
     def set_reward(self, session: Session, reward: float, call_id: str | None = None) -> CallRecord:
+        """Set the reward of one call (AReaL's ``set_reward``); the builders turn it into trajectory rewards.
+
+        Args:
+            session: the session the call belongs to.
+            reward: a finite number (a ``bool`` is refused).
+            call_id: the call, by the id its client saw (``chatcmpl-...``, ``resp_...``, ``msg_...``); ``None``: the
+                session's last finished call, i.e. the episode's outcome.
+
+        Returns:
+            The :class:`~envhub.gateway.records.CallRecord` that now holds the reward.
+
+        Raises:
+            BadRequest: ``reward`` is not a finite number; ``call_id`` is None and no call has finished; no call of
+                the session has ``call_id``.
+        """
         if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
             raise BadRequest(f"reward must be a finite number, got {reward!r}", param="reward")
         done = [c for c in session.calls if c.ok]
@@ -212,17 +311,62 @@ class Gateway:
 
     # ---- calls ------------------------------------------------------------------------------------------------
     def codec_for(self, tools: list[dict[str, Any]] | None, k: str | None = None) -> Any:
-        """The codec for this tool set: the one shared per tokenizer (bounded, :meth:`ChatCodec.shared`)."""
+        """The chat codec for a tool set: the one shared per tokenizer, tools and parser (bounded,
+        :meth:`ChatCodec.shared`).
+
+        Args:
+            tools: OpenAI function tools (``None`` or empty: none).
+            k: not read (callers pass the tools' :func:`tools_key`).
+
+        Returns:
+            A :class:`~envhub.codec.chat.ChatCodec` for the gateway's tokenizer and ``parser``.
+        """
         from envhub.codec.chat import ChatCodec
 
         return ChatCodec.shared(self.tokenizer, tools=tools or None, parser=self.parser)
 
     def count_tokens(self, req: ChatRequest) -> int:
+        """The length of the prompt ``req`` would open a new chain with (its canonical rendering; Anthropic's
+        ``count_tokens`` route). Records nothing.
+
+        Args:
+            req: the request (its messages and tools are read).
+
+        Returns:
+            The number of prompt token ids.
+
+        Raises:
+            BadRequest: malformed messages (:func:`~envhub.gateway.messages.prepare`).
+            ChatTemplateError: the chat template cannot render the conversation (not turned into a
+                :class:`BadRequest` here, unlike in :meth:`complete`).
+        """
         codec = self.codec_for(req.tools)
         return len(codec.prompt_ids(self._opening(codec, prepare(req.messages))))
 
     async def complete(self, session: Session, req: ChatRequest) -> ChatResult:
-        """One model call: find the chain it extends, build its prompt ids, sample, parse, record."""
+        """Serve one model call: find the chain it extends, build its prompt ids, sample, parse, record.
+
+        The call is recorded on the session before the backend is called, so a failed call is kept with its error.
+        ``req.params.max_tokens`` is set to the request's budget (``default_max_tokens`` when it named none), capped
+        by the room ``max_model_len`` leaves after the prompt.
+
+        Args:
+            session: the session the client's key is bound to.
+            req: the call, as a dialect translated it.
+
+        Returns:
+            A :class:`ChatResult`: the call's record, the reply's text, its tool calls (ids minted here), its finish
+            reason.
+
+        Raises:
+            BadRequest: the session has ended (410); its call budget ``max_calls`` is spent (403,
+                ``call_budget_exhausted``; the session is flagged so); malformed messages, or a conversation the
+                chat template cannot render (400).
+            ContextLengthExceeded: the prompt leaves no room in ``max_model_len`` (400; no backend call is made).
+            UpstreamError: the backend failed (502); the call keeps the error and the session is flagged
+                ``upstream_failure``.
+            asyncio.CancelledError: the client went away mid-call; the session is flagged ``aborted_call``.
+        """
         from envhub.codec.chat import ChatTemplateError
 
         if session.ended:
@@ -299,7 +443,16 @@ class Gateway:
     def splice(codec: Any, parent: CallRecord, new: list[dict[str, Any]]) -> list[int]:
         """The prompt of a call that extends ``parent`` with ``new`` messages: the parent's prompt ids, the ids it
         sampled (as sampled: never decoded and re-encoded), then the delta rendering of ``new`` (which closes the
-        parent's turn when the model did not sample its end-of-turn token)."""
+        parent's turn when the model did not sample its end-of-turn token).
+
+        Args:
+            codec: the call's :class:`~envhub.codec.chat.ChatCodec`.
+            parent: the finished call being extended.
+            new: the messages after the parent's reply (tool results, the next user turn).
+
+        Returns:
+            The prompt ids.
+        """
         history = parent.context + [parent.reply]
         return parent.prompt_ids + parent.sampled_ids + codec.delta_ids(
             history, new, sampled_eos=codec.ends_turn(parent.sampled_ids))
@@ -334,5 +487,12 @@ _ID_PREFIX = {"chat": "chatcmpl-", "responses": "resp_", "anthropic": "msg_"}
 
 def tools_key(tools: list[dict[str, Any]] | None) -> str:
     """The tools as rendered: JSON in the request's own key order (never sorted: a template that ``tojson``s a tool
-    renders its keys in that order, and the trajectory stores this string for the fidelity check to re-render)."""
+    renders its keys in that order, and the trajectory stores this string for the fidelity check to re-render).
+
+    Args:
+        tools: OpenAI function tools, or ``None``.
+
+    Returns:
+        The JSON string (``"[]"`` for no tools).
+    """
     return json.dumps(tools or [], ensure_ascii=False)

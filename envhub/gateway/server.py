@@ -20,7 +20,15 @@ TOKEN_FLAG, TOKEN_ENV = "envhub gateway --token", "ENVHUB_GATEWAY_TOKEN"
 
 
 def check_gateway_binding(host: str, token: str | None) -> None:
-    """Refuse a non-loopback address without an admin key, naming the gateway's flag and variable."""
+    """Refuse a non-loopback address without an admin key, naming the gateway's flag and variable.
+
+    Args:
+        host: the address to serve on.
+        token: the admin key (``envhub gateway --token``, or ``ENVHUB_GATEWAY_TOKEN``).
+
+    Raises:
+        ValueError: ``host`` is not a loopback address and ``token`` is empty.
+    """
     check_binding(host, token, flag=TOKEN_FLAG, env=TOKEN_ENV)
 
 
@@ -28,6 +36,30 @@ def make_server(gateway: Gateway, *, host: str = "127.0.0.1", port: int = 0, tok
                 log_level: str = "warning", model_name: str = "envhub", max_body_bytes: int | None = None,
                 header_timeout_s: float | None = None, body_timeout_s: float | None = None,
                 max_connections: int | None = None, model_only: bool = False) -> Any:
+    """The gateway's uvicorn server, configured and not started: the ASGI app (:mod:`envhub.gateway.app`) over the
+    h11 protocol under a connection cap and a request-head deadline, ``GRACEFUL_SHUTDOWN_S`` for in-flight calls at
+    shutdown.
+
+    Args:
+        gateway: the :class:`~envhub.gateway.core.Gateway` to serve.
+        host: the address it will serve on (checked by :func:`check_gateway_binding`).
+        port: the port for uvicorn's configuration (the caller binds the socket it serves on).
+        token: the admin key the control routes require (none required when ``None``).
+        log_level: uvicorn's log level.
+        model_name: the model id ``GET /v1/models`` lists.
+        max_body_bytes: the largest request body (``None``/0: :data:`envhub.http.limits.DEFAULT_MAX_BODY_BYTES`).
+        header_timeout_s: the deadline for a request's head (``None``/0: the limits module's default).
+        body_timeout_s: the deadline for a request's body (``None``/0: the limits module's default).
+        max_connections: the connection cap (``None``/0: :func:`envhub.http.limits.default_max_connections`).
+        model_only: serve the model routes only (what a sandboxed agent reaches: no sessions, rewards or exports).
+
+    Returns:
+        The server (a ``uvicorn.Server`` that tells the app when shutdown begins); run it with
+        ``server.serve(sockets=[sock])``.
+
+    Raises:
+        ValueError: ``host`` is not a loopback address and no ``token`` is given.
+    """
     import uvicorn
 
     from envhub.gateway.app import GatewayApp
@@ -65,7 +97,20 @@ def _server_class() -> Any:
 
 
 class GatewayThread(ServerThread):
-    """``with GatewayThread(gateway) as gw: gw.url`` -- the gateway over real HTTP from a background thread."""
+    """``with GatewayThread(gateway) as gw: gw.url`` -- the gateway over real HTTP from a background thread.
+
+    The socket is bound at construction (so ``port`` is known at once); ``start()`` (or ``with``) serves it and
+    waits until the server listens, ``stop()`` (or leaving the ``with``) shuts it down as a signal would.
+
+    Args:
+        gateway: the :class:`~envhub.gateway.core.Gateway` to serve (kept as ``self.gateway``).
+        **kw: :class:`envhub.http.server.ServerThread`'s ``host`` (loopback by default), ``port`` (0: a free one),
+            ``token``, ``log_level`` and ``uds`` (a Unix socket path to serve on instead of TCP), and
+            :func:`make_server`'s limits and ``model_name``/``model_only``.
+
+    Raises:
+        ValueError: a non-loopback ``host`` without a ``token``.
+    """
 
     def __init__(self, gateway: Gateway, **kw: Any):
         super().__init__(gateway, make=make_server, **kw)
@@ -74,8 +119,22 @@ class GatewayThread(ServerThread):
 
 def serve(gateway: Gateway, *, host: str = "127.0.0.1", port: int = 8090, token: str | None = None,
           on_ready: Any = None, sock: socket.socket | None = None, **kw: Any) -> None:
-    """Serve until SIGINT/SIGTERM. ``sock``: a socket already bound to ``host:port`` (``envhub gateway`` binds
-    before loading the model, so a busy port is reported at once)."""
+    """Serve ``gateway`` over HTTP until SIGINT/SIGTERM (what ``envhub gateway`` runs); blocks.
+
+    Args:
+        gateway: the :class:`~envhub.gateway.core.Gateway` to serve.
+        host: the address (a non-loopback one needs ``token``).
+        port: the port (bound here unless ``sock`` is given).
+        token: the admin key the control routes require.
+        on_ready: called with the port once the server listens.
+        sock: a socket already bound to ``host:port`` (``envhub gateway`` binds before loading the model, so a busy
+            port is reported at once).
+        **kw: :func:`make_server`'s other arguments (limits, ``model_name``, ``model_only``, ``log_level``).
+
+    Raises:
+        ValueError: ``host`` is not a loopback address and no ``token`` is given.
+        OSError: the port cannot be bound (when no ``sock`` is given).
+    """
     raise_fd_limit()
     server = make_server(gateway, host=host, port=port, token=token, **kw)
     serve_until_stopped(server, sock or bind(host, port), on_ready)

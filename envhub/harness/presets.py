@@ -44,6 +44,22 @@ HOME = "/tmp/home"
 
 @dataclass(frozen=True)
 class Preset:
+    """How to run one agent CLI offline against a gateway session (the module docstring's table has each one).
+
+    Attributes:
+        name: the name :func:`get_preset` finds it by.
+        dialect: the gateway dialect the harness speaks: ``"responses"``, ``"anthropic"`` or ``"chat"``.
+        package: the pinned package ``make harness-tools`` installs.
+        executable: the installed program, relative to ``HARNESS_DIR``.
+        argv: ``instructions -> arguments`` after the executable (run in the task's workdir).
+        env: ``(base url, session key) -> environment variables`` set for the harness.
+        files: ``(base url, session key) -> {sandbox path: text}``, written before the harness starts.
+        shell: ``command -> the harness's own shell tool call`` (for the scripted players, :func:`scripted`).
+        ending: the reply that ends the harness's episode (for the scripted players).
+        notes: the harness's quirks, for people.
+        tags: free-form labels (nothing in envhub reads them).
+    """
+
     name: str
     dialect: str                       # the gateway dialect it speaks: "responses" | "anthropic" | "chat"
     package: str                       # what `make harness-tools` installs (pinned)
@@ -57,12 +73,19 @@ class Preset:
     tags: list[str] = field(default_factory=list)
 
     def path(self) -> Path:
+        """Where the installed executable lives: ``HARNESS_DIR / executable``."""
         return HARNESS_DIR / self.executable
 
     def installed(self) -> bool:
+        """Whether the executable exists (``make harness-tools`` has installed it)."""
         return self.path().exists()
 
     def check_installed(self) -> None:
+        """Refuse a harness that is not installed, naming ``make harness-tools``.
+
+        Raises:
+            HarnessNotInstalled: the executable is missing.
+        """
         if not self.installed():
             raise HarnessNotInstalled(
                 f"the {self.name} harness ({self.package}) is not installed at {self.path()}: run `make "
@@ -70,7 +93,7 @@ class Preset:
 
 
 class HarnessNotInstalled(RuntimeError):
-    pass
+    """A harness's pinned install is missing (the message names ``make harness-tools``)."""
 
 
 def _codex_files(url: str, key: str) -> dict[str, str]:
@@ -166,6 +189,17 @@ PRESETS: dict[str, Preset] = {p.name: p for p in [
 
 
 def get_preset(name: str) -> Preset:
+    """The preset of a harness, by name.
+
+    Args:
+        name: ``"codex"``, ``"claude-code"``, ``"mini-swe-agent"``, ``"qwen-code"`` or ``"opencode"``.
+
+    Returns:
+        The :class:`Preset` (its install is not checked: :meth:`Preset.check_installed`).
+
+    Raises:
+        ValueError: an unknown name (the message lists the known ones).
+    """
     try:
         return PRESETS[name]
     except KeyError:
@@ -174,7 +208,17 @@ def get_preset(name: str) -> Preset:
 
 def scripted(preset: Preset, commands: Callable[[dict], list[str]]) -> Callable:
     """A protocol-aware scripted player: ``commands(task)`` as the harness's own shell tool calls, one per model
-    call, then the harness's ending."""
+    call, then the harness's ending.
+
+    Args:
+        preset: the harness whose shell tool (``preset.shell``) and ending (``preset.ending``) the player uses.
+        commands: ``task -> shell commands``, e.g. :func:`golden_commands`.
+
+    Returns:
+        A policy ``(task, messages) -> Action`` for a scripted backend: the n-th command when ``messages`` hold
+        n - 1 assistant messages with tool calls (a harness's own assistant message without any is no step), then
+        the harness's ending.
+    """
     def policy(task, messages):
         # steps taken = assistant messages with tool calls: a harness may put an assistant message of its own in
         # the history (Qwen Code's "Got it. Thanks for the context!"), which is no step of ours
@@ -187,11 +231,29 @@ def scripted(preset: Preset, commands: Callable[[dict], list[str]]) -> Callable:
 
 
 def golden_commands(task: dict) -> list[str]:
-    """The task's golden patch applied in the workspace with one shell command (swe-gym rows carry ``patch``)."""
+    """The task's golden patch applied in the workspace with one shell command (swe-gym rows carry ``patch``).
+
+    Args:
+        task: the task row.
+
+    Returns:
+        One command: ``git apply`` of the patch in ``/testbed``, then ``git status --short``.
+
+    Raises:
+        KeyError: the task has no ``patch``.
+    """
     patch = task["patch"]
     return [f"cd /testbed && git apply --whitespace=nowarn - <<'ENVHUB_GOLDEN_PATCH'\n{patch}ENVHUB_GOLDEN_PATCH\n"
             "git status --short"]
 
 
 def noop_commands(task: dict) -> list[str]:
+    """A player that changes nothing: one harmless command (``git status --short`` in ``/testbed``).
+
+    Args:
+        task: the task row (not read).
+
+    Returns:
+        The one command.
+    """
     return ["cd /testbed && git status --short"]

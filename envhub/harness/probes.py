@@ -26,7 +26,15 @@ MAX_STEPS = 64
 
 
 def as_shell(call: ToolCall) -> str | None:
-    """One of the env's tool calls as a shell command, or None when it has no shell equivalent."""
+    """One of the env's tool calls as a shell command, or None when it has no shell equivalent.
+
+    Args:
+        call: the tool call: ``bash{command}`` and ``str_replace_editor{command: "create", path, file_text}`` have
+            one.
+
+    Returns:
+        The command itself (bash), a ``base64 -d`` write of the file (the editor's ``create``), else ``None``.
+    """
     args = call.arguments if isinstance(call.arguments, dict) else {}
     if call.name == "bash" and isinstance(args.get("command"), str):
         return args["command"]
@@ -39,7 +47,17 @@ def as_shell(call: ToolCall) -> str | None:
 
 
 def probe_commands(probe: Callable[[dict, list[dict[str, Any]]], Any], task: dict) -> list[str] | str:
-    """``probe``'s tool calls on ``task`` as shell commands, in order; or the reason they cannot be (a ``str``)."""
+    """``probe``'s tool calls on ``task`` as shell commands, in order; or the reason they cannot be (a ``str``).
+
+    Args:
+        probe: a hack probe, a policy ``(task, messages) -> Action | str``, played against empty tool results until
+            it calls ``finish`` or replies without a tool call.
+        task: the task row (its ``prompt`` is the opening user message).
+
+    Returns:
+        The commands (:func:`as_shell`), or why the probe cannot be played through a harness: it raised, answered
+        in plain text first, called a tool with no shell equivalent, or did not finish within ``MAX_STEPS`` replies.
+    """
     messages: list[dict[str, Any]] = [{"role": "user", "content": str(task.get("prompt") or "")}]
     commands: list[str] = []
     for step in range(MAX_STEPS):
@@ -71,5 +89,13 @@ def probe_commands(probe: Callable[[dict, list[dict[str, Any]]], Any], task: dic
 
 
 def hack_plays(spec: Any, task: dict) -> dict[str, list[str] | str]:
-    """Every hack probe the env declares -> its shell commands on ``task``, or why it cannot be played (a ``str``)."""
+    """Every hack probe the env declares -> its shell commands on ``task``, or why it cannot be played (a ``str``).
+
+    Args:
+        spec: the env spec (its ``hack_probes``: ``{name: probe}``).
+        task: the task row.
+
+    Returns:
+        ``{probe name: commands or reason}`` (:func:`probe_commands`), by name.
+    """
     return {name: probe_commands(probe, task) for name, probe in sorted(spec.hack_probes.items())}
