@@ -21,23 +21,6 @@ if TYPE_CHECKING:
 hookspec = pluggy.HookspecMarker("envhub")
 hookimpl = pluggy.HookimplMarker("envhub")
 
-_ACTIVE: pluggy.PluginManager | None = None  # the process-wide hub's, once envhub.plugins.default_hub() made it
-
-
-def active_plugin_manager() -> pluggy.PluginManager | None:
-    """The plugin manager of the process-wide hub, or ``None`` before one exists (then no plugin is loaded).
-
-    For the layers below the hub (the sandbox's runtime lookup), which call hooks but must not import
-    :mod:`envhub.plugins` (that would close an import cycle: plugins -> spec -> env -> sandbox -> plugins): the hub
-    registers its manager here when it is made.
-    """
-    return _ACTIVE
-
-
-def set_active_plugin_manager(pm: pluggy.PluginManager | None) -> None:
-    global _ACTIVE
-    _ACTIVE = pm
-
 
 @hookspec
 def envhub_register(registry: SpecRegistry) -> None:

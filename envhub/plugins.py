@@ -22,7 +22,7 @@ from typing import Iterable
 
 import pluggy
 
-from envhub import hookspecs
+from envhub import hookrelay, hookspecs
 from envhub.spec import EnvSpec
 
 GROUP = "envhub"
@@ -280,5 +280,5 @@ def default_hub() -> Hub:
     global _HUB
     if _HUB is None:
         _HUB = Hub()
-        hookspecs.set_active_plugin_manager(_HUB.pm)  # lower layers (sandbox runtimes) call hooks through it
+        hookrelay.use(_HUB.pm)  # the sandbox layer (below the hub) asks plugins for runtimes through it
     return _HUB

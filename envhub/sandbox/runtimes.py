@@ -1,10 +1,11 @@
 """Which runtime runs a sandbox: the built-in ones, those plugins add (``envhub_sandbox_runtimes``), and
-:func:`start`, ``ToolEnv``'s default sandbox factory. Plugins are reached through the hook relay the hub registers
-in :mod:`envhub.hookspecs` (this layer sits below the hub and never imports it)."""
+:func:`start`, ``ToolEnv``'s default sandbox factory. Plugins are reached through the manager the hub hands to
+:mod:`envhub.hookrelay` (this layer sits below the hub and never imports it)."""
 from __future__ import annotations
 
 import logging
 
+from envhub import hookrelay
 from envhub.sandbox.base import Runtime, RuntimeUnavailable, Sandbox, SandboxError, SandboxSpec
 
 
@@ -20,9 +21,7 @@ def _builtin() -> dict[str, type[Runtime]]:
 def _plugin_runtimes() -> dict[str, type[Runtime]]:
     """Runtimes registered by plugins (``envhub_sandbox_runtimes`` hook). Only already-loaded plugins are asked; one
     whose hook raises is left out and named in the log, the others' runtimes still count."""
-    from envhub.hookspecs import active_plugin_manager
-
-    pm = active_plugin_manager()
+    pm = hookrelay.current()
     found: dict[str, type[Runtime]] = {}
     for impl in reversed(pm.hook.envhub_sandbox_runtimes.get_hookimpls() if pm is not None else []):  # pluggy's call order
         try:

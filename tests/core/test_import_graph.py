@@ -117,7 +117,7 @@ LAYERS = [
     {"verifier", "policy", "http", "rewards"},
     {"env", "task"},
     {"spec", "probes", "grading", "judgeprobes"},
-    {"hookspecs", "plugins", "(root)", "admission"},
+    {"hookspecs", "hookrelay", "plugins", "(root)", "admission"},
     {"sandbox", "tools", "registry", "scaffold"},
     {"codec", "backends", "judging"},
     {"rollout"},
