@@ -15,6 +15,7 @@ transformers are imported inside the functions: ``import envhub.testing.models``
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -211,9 +212,27 @@ def smollm2_path(cache_dir: str | Path | None = None) -> Path:
     tokens (EOS and pad ``<|im_end|>``), so generation stops at the end of the assistant turn.
     """
     out = (Path(cache_dir) if cache_dir is not None else default_cache_dir()) / SMOLLM2_DIRNAME
-    marker = out / "envhub.json"
-    if marker.exists() and json.loads(marker.read_text()).get("version") == SMOLLM2_VERSION:
+    if _smollm2_ready(out):
         return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # One converter per cache: a second process (a parallel test worker, a second service on the node) waits here
+    # and then finds the finished directory, instead of deleting it under the first one's readers.
+    with open(out.parent / f".{out.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not _smollm2_ready(out):
+            _convert_smollm2(out)
+    return out
+
+
+def _smollm2_ready(out: Path) -> bool:
+    marker = out / "envhub.json"
+    try:
+        return json.loads(marker.read_text()).get("version") == SMOLLM2_VERSION
+    except (OSError, ValueError):
+        return False
+
+
+def _convert_smollm2(out: Path) -> None:
     gguf = _find_smollm2_gguf()
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -227,7 +246,6 @@ def smollm2_path(cache_dir: str | Path | None = None) -> Path:
     end, start = tok.convert_tokens_to_ids("<|im_end|>"), tok.convert_tokens_to_ids("<|im_start|>")
     for cfg in (model.config, model.generation_config):
         cfg.bos_token_id, cfg.eos_token_id, cfg.pad_token_id = start, end, end
-    out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
     try:
         model.save_pretrained(tmp)
@@ -238,7 +256,6 @@ def smollm2_path(cache_dir: str | Path | None = None) -> Path:
         os.replace(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return out
 
 
 def _find_smollm2_gguf() -> Path:
