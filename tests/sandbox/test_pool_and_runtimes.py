@@ -22,10 +22,10 @@ def test_pool_hands_out_ready_sandboxes_and_refills():
     spec = SandboxSpec(runtime="bwrap", memory_mb=512)
     with SandboxPool(spec, size=2) as pool:
         assert pool.wait_ready(timeout=30)
-        t = time.perf_counter()
+        prewarmed = {sb.id for sb in pool._ready}
         a = pool.acquire()
-        took = time.perf_counter() - t
-        assert took < 0.05 and a.shell("echo ready").stdout == "ready\n"
+        # handed out from the prewarmed ones, not started on the spot (identity, not a timing on a shared machine)
+        assert a.id in prewarmed and a.shell("echo ready").stdout == "ready\n"
         b, c = pool.acquire(), pool.acquire()  # the third is started on the spot if the refill lags
         assert len({a.id, b.id, c.id}) == 3
         assert pool.wait_ready(timeout=30) and pool.ready() == 2
