@@ -9,8 +9,11 @@ samples into a queue, a trainer consumes them.
   production** = ``acceptance × R_G``, where acceptance counts out what the trainer cannot use (errors, timeouts,
   withheld or dropped as stale, and the samples the trainer reports it discarded, e.g. DAPO's zero-variance groups).
 * **Consumption** ``R_T`` = samples the trainer took per second (its step reports, ``POST /trainer/step``).
-* **Idle ratios.** The trainer is idle between a step's ``end`` and the next ``begin`` (it waits for data); the
-  generator is idle while no rollout is inside the pipeline (nothing admitted: the gate or the client held it back).
+* **Idle ratios.** The trainer is idle between a step's ``end`` and the next ``begin`` (it waits for data). The
+  generator's idle ratio is its unused share of slots: 1 − (requests being worked on, time-averaged) ÷ (the most
+  it has worked on at once). A request takes a slot from its arrival to its reply, except while it waits for the
+  staleness gate's admission. A generator that a bounded buffer or the gate holds to half its concurrency is half
+  idle even though it is never empty.
 * **Capacities**, what each side would do if the other never held it back: the trainer's is samples per step ÷
   step compute time (``begin`` to ``end``); the generator's is ``acceptance × concurrency ÷ latency`` (Little's
   law), with the most rollouts the pipeline held at once in the window as the concurrency and the mean time a
@@ -34,7 +37,7 @@ from typing import Any, Callable
 STAGE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0)
 LAG_BUCKETS = (0.0, 1.0, 2.0, 3.0, 4.0, 8.0, 16.0, 32.0)
 STAGES = ("queue", "init", "run", "eval", "model_call", "tool_call")
-IDLE = 0.15  # a side idle more than this share of the window is waiting for the other
+IDLE = 0.25  # a side idle more than a quarter of the window is waiting for the other
 TOLERANCE = 0.25  # both sides idle: capacities within 25 % of each other are balanced
 MIN_SAMPLES, MIN_STEPS = 4, 2  # fewer finished rollouts or trainer steps in the window: "unknown"
 FAILED = {"error", "timeout"}
@@ -132,17 +135,20 @@ class Throughput:
                  clock: Callable[[], float] = time.monotonic):
         self.window_s, self.gauges, self.clock = float(window_s), gauges, clock
         keep = self.window_s * 2
-        self.generator = Occupancy(keep)  # a rollout inside the pipeline
+        self._gen_first: float | None = None  # the first rollout's start: the generator's window begins there
         self.trainer = Occupancy(keep)  # the trainer inside a step
         self.sandbox_wait = Occupancy(keep)  # an INIT waiting for a sandbox slot at the node's limit
         self._inflight = 0
         self._waiting = 0
         self._lock = threading.Lock()  # sandbox hooks come from INIT threads
         self.finished: deque[tuple[float, str, float]] = deque()  # (t, outcome, seconds in the pipeline)
-        self.load: deque[tuple[float, int]] = deque()  # (t, rollouts in the pipeline after a start)
+        self.load: deque[tuple[float, int]] = deque()  # (t, rollouts in the pipeline from then), at every change
         self.steps: deque[tuple[float, float, int]] = deque()  # (end t, compute seconds, samples)
         self.consumed_events: deque[tuple[float, int]] = deque()
-        self.calls: deque[tuple[float, str, float, int]] = deque()  # (t, backend, seconds, tokens)
+        # model calls in one-second bins per backend, [second, backend, calls, seconds, tokens]: memory bounded by
+        # the window, not by the call rate (a busy node answers thousands of calls a second)
+        self.calls: deque[list[Any]] = deque()
+        self._bins: dict[str, list[Any]] = {}
         self._step_began: float | None = None
         self.stages = {s: Hist(STAGE_BUCKETS) for s in STAGES}
         self.lag = {"sample": Hist(LAG_BUCKETS), "token": Hist(LAG_BUCKETS)}
@@ -151,25 +157,23 @@ class Throughput:
         self.wasted_s: dict[str, float] = {}  # reason -> in-stage seconds spent on rollouts not trained on
         self.sandbox_failures: dict[str, int] = {}
         self.backend_tokens: dict[str, int] = {}
-        self.backend_calls: dict[str, int] = {}
         self.partial = {"rollouts": 0, "interruptions": 0}
         self.totals = {"steps": 0, "consumed": 0, "discarded": 0, "step_reports": 0}
 
     # ---- hooks: the generator ---------------------------------------------------------------------------------------
     def job_started(self) -> None:
-        """A rollout entered the pipeline (the generator has work)."""
+        """A request started to take a generator slot (arrived, or admitted by the gate after waiting)."""
         self._inflight += 1
         now = self.clock()
-        self.generator.set(True, now)
+        if self._gen_first is None:
+            self._gen_first = now
         self.load.append((now, self._inflight))
 
     def job_finished(self, result: dict[str, Any], times: dict[str, float]) -> None:
-        """A rollout left the pipeline with ``result`` (the ``/process`` reply dict); ``times`` is its
+        """A rollout finished with ``result`` (the ``/process`` reply dict; :meth:`job_left` follows once it is
+        sent back); ``times`` is its
         :class:`~envhub.service.jobs.PhaseTimer`'s (``init``, ``run``, ``eval``, ``others`` = queued)."""
         now = self.clock()
-        self._inflight = max(0, self._inflight - 1)
-        if self._inflight == 0:
-            self.generator.set(False, now)
         for stage, key in (("queue", "others"), ("init", "init"), ("run", "run"), ("eval", "eval")):
             if key != "eval" or times.get("eval"):
                 self.stages[stage].observe(times.get(key, 0.0), now)
@@ -209,13 +213,24 @@ class Throughput:
             self.span.observe(span, now)
         self._trim(now)
 
+    def job_left(self) -> None:
+        """A request stopped taking a slot (answered, refused, or waiting for the gate's admission)."""
+        now = self.clock()
+        self._inflight = max(0, self._inflight - 1)
+        self.load.append((now, self._inflight))
+
     def model_call(self, backend: str, seconds: float, tokens: int) -> None:
         """One generate call answered by ``backend`` (the pool's observer)."""
         now = self.clock()
         self.stages["model_call"].observe(seconds, now)
-        self.calls.append((now, backend, seconds, tokens))
+        b = self._bins.get(backend)
+        if b is None or b[0] != int(now):
+            b = self._bins[backend] = [int(now), backend, 0, 0.0, 0]
+            self.calls.append(b)
+        b[2] += 1
+        b[3] += seconds
+        b[4] += tokens
         self.backend_tokens[backend] = self.backend_tokens.get(backend, 0) + tokens
-        self.backend_calls[backend] = self.backend_calls.get(backend, 0) + 1
 
     def tool_call(self, seconds: float) -> None:
         """One env step (the tool calls of one turn) took ``seconds``."""
@@ -269,14 +284,28 @@ class Throughput:
     # ---- reading ----------------------------------------------------------------------------------------------------
     def _trim(self, now: float) -> None:
         old = now - self.window_s * 2
-        for q in (self.finished, self.steps, self.consumed_events, self.calls, self.load):
+        for q in (self.finished, self.steps, self.consumed_events, self.calls):
             while q and q[0][0] < old:
                 q.popleft()
+        while len(self.load) > 1 and self.load[1][0] < old:  # the first kept entry says the load at the cut
+            self.load.popleft()
+
+    def _mean_load(self, start: float, end: float) -> float:
+        """Time-averaged rollouts in the pipeline over ``[start, end]``."""
+        area, n, since = 0.0, 0, start
+        for t, m in self.load:
+            if t > end:
+                break
+            if t > since:
+                area += n * (t - since)
+                since = t
+            n = m
+        return (area + n * (end - since)) / (end - start)
 
     def snapshot(self, now: float | None = None) -> dict[str, Any]:
         """Every figure over the window ending ``now`` (see the module docstring); ``bound`` names the bottleneck."""
         now = self.clock() if now is None else now
-        g0 = max(now - self.window_s, self.generator.first if self.generator.first is not None else now)
+        g0 = max(now - self.window_s, self._gen_first if self._gen_first is not None else now)
         t0 = max(now - self.window_s, self.trainer.first if self.trainer.first is not None else now)
         span_g = now - g0
         fin = [f for f in self.finished if f[0] >= g0]
@@ -284,20 +313,23 @@ class Throughput:
         accepted = sum(1 for f in fin if f[1] == "accepted")
         steps = [s for s in self.steps if s[0] >= t0]
         eaten = sum(n for t, n in self.consumed_events if t >= t0)
-        busy_g = self.generator.on_fraction(g0, now)
+        # the generator's busy share: rollouts in the pipeline on average over the most it has run at once (the
+        # concurrency its client or the gate allows, as seen in the last two windows): a generator held back to
+        # half its slots is half idle, though never empty
+        peak = max([n for _, n in self.load] + [self._inflight])
+        busy_g = self._mean_load(g0, now) / peak if peak and now > g0 else None
         busy_t = self.trainer.on_fraction(t0, now)
         discarded = min(accepted, self._recent_discards(len(produced)))
         acceptance = (accepted - discarded) / len(produced) if produced else None
         prod = len(produced) / span_g if span_g > 0 else None
-        peak = max([n for t, n in self.load if t >= g0] + [self._inflight if busy_g else 0])
         latency = sum(f[2] for f in produced) / len(produced) if produced else None
         step_s = sum(s[1] for s in steps) / len(steps) if steps else None
         per_step = sum(s[2] for s in steps) / len(steps) if steps else None
-        calls = [c for c in self.calls if c[0] >= g0]
+        calls = [c for c in self.calls if c[0] + 1 > g0]  # bins overlapping the window
         backends: dict[str, dict[str, Any]] = {}
-        for _, name, secs, toks in calls:
+        for _, name, n, secs, toks in calls:
             b = backends.setdefault(name, {"calls": 0, "tokens": 0, "call_s": 0.0})
-            b["calls"] += 1
+            b["calls"] += n
             b["tokens"] += toks
             b["call_s"] += secs
         live = self.gauges() if self.gauges is not None else {}

@@ -218,7 +218,14 @@ class RolloutService:
             episode = await self._harness_episode(request.instance.harness, spec, task, config, timeout)
         else:
             episode = Episode(spec, task, self.pool, self.tokenizer, config, session_id=job_id)
-        await self._admit(job_id, episode, req.instance)  # the staleness gate: waits while it has no room (AReaL's rule)
+        meter = self.metrics
+        if meter is not None:  # waiting for admission is not generating: the generator's slot is idle meanwhile
+            meter.job_left()
+        try:
+            await self._admit(job_id, episode, req.instance)  # the staleness gate: waits while it has no room (AReaL)
+        finally:
+            if meter is not None:
+                meter.job_started()
         timer = PhaseTimer(timeout, self.lifecycle.paused_s)  # paused for a weight update: not counted
         job = Job(job_id, spec, task, dict(req.instance), episode, timer, loop.create_future(),
                   fingerprint=fp)
@@ -229,8 +236,6 @@ class RolloutService:
             raise ServiceError(503, "the rollout server is stopped: POST /start first")
         episode.meter = self.metrics
         self.pipeline.submit(job)
-        if self.metrics is not None:
-            self.metrics.job_started()
         if job_id in self._cancel_pending:
             self._cancel_pending.discard(job_id)
             self.pipeline.cancel(job_id)
@@ -239,9 +244,14 @@ class RolloutService:
 
     async def _gated_run(self, job_id: str, fp: str, req: ProcessRequest) -> bytes:
         self._loop = asyncio.get_running_loop()
+        meter = self.metrics
+        if meter is not None:  # the generator is busy with this request from its arrival to its reply
+            meter.job_started()
         try:
             return await self._run(job_id, fp, req)
         finally:  # admitted but never finished (refused, stopped while admitted): the slot is given back
+            if meter is not None:
+                meter.job_left()
             lease = self._leases.pop(job_id, None)
             if lease is not None:
                 self.gate.cancel(lease)

@@ -84,25 +84,20 @@ def mean_of(fams: dict[str, Any], family: str, **labels: str) -> float:
     return value(fams, f"{family}_sum", **labels) / n if n else 0.0
 
 
-def union_s(intervals: list[tuple[float, float]]) -> float:
-    total, end = 0.0, float("-inf")
-    for a, b in sorted(intervals):
-        if b <= end:
-            continue
-        total += b - max(a, end)
-        end = b
-    return total
-
-
-async def simulate(url: str, *, rate: float | None, concurrency: int = 4, batch: int = 4, cap: int = 12,
-                   warm_s: float = 1.5, window_s: float = 4.0) -> dict[str, Any]:
+async def simulate(url: str, *, factor: float, concurrency: int = 4, batch: int = 2, cap: int = 8,
+                   warm_s: float = 2.5, window_s: float = 6.0) -> dict[str, Any]:
     """A generator (``concurrency`` workers feeding a buffer of at most ``cap`` samples) and a trainer taking
-    ``batch`` samples per step whose step lasts ``batch / rate`` seconds.
+    ``batch`` samples per step whose step lasts ``batch / (factor x production)`` seconds.
 
-    The generator runs alone for ``warm_s`` (sandbox pools fill), then the trainer runs for ``window_s`` (the
-    service's metrics window) and ``/status`` is read. ``rate=None``: no trainer; returns the steady production
-    rate over ``window_s`` after the warm-up (the calibration). Every request and step is logged with this
-    process's monotonic clock; the ground-truth idle ratios come from those logs over the same window."""
+    The generator first runs alone, unbounded, for ``warm_s`` (sandbox pools fill). Then the buffer keeps half its
+    bound (the trainer starts neither starved nor flooded), the trainer runs for ``window_s`` (the service's
+    metrics window) and ``/status`` is read. The production rate the trainer is set against is taken before each
+    step from the generator's last 8 rollouts (concurrency / their mean latency): this host is shared, and its
+    load moves the generator's speed by 2x within seconds, so a calibration made once drifts off. Every request and step is
+    logged with this process's monotonic clock; the ground-truth idle ratios come from those logs over the same
+    window: the trainer's is the time between its steps, the generator's its unused slots (1 - request-seconds
+    in flight / (concurrency x window)), the definitions docs/metrics.md gives."""
+    rate: float | None = None
     buffer: list[dict] = []
     outstanding = [0]
     done = [False]
@@ -132,15 +127,28 @@ async def simulate(url: str, *, rate: float | None, concurrency: int = 4, batch:
 
         workers = [asyncio.ensure_future(worker(i)) for i in range(concurrency)]
         try:
-            await asyncio.sleep(warm_s)
+            t_warm = time.monotonic()
+            await asyncio.sleep(0.4 * warm_s)
+            t_measure = time.monotonic()
+            await asyncio.sleep(0.6 * warm_s)
             t_start = time.monotonic()
-            if rate is None:
-                await asyncio.sleep(window_s)
-                t_end = time.monotonic()
-                produced = sum(1 for a, b in requests if b is not None and t_start <= b <= t_end)
-                return {"production_rate": produced / (t_end - t_start)}
-            step_s = batch / rate
+            produced = sum(1 for a, b in requests if b is not None and t_measure <= b <= t_start)
+            assert produced >= 2, f"the generator made {produced} rollouts in {t_start - t_warm:.1f}s of warm-up"
+            production = produced / (t_start - t_measure)
+            async with cond:
+                del buffer[cap // 2:]
+                rate = factor * production  # from now on the buffer is bounded (the workers' wait sees rate set)
+                cond.notify_all()
+            def step_time() -> float:
+                # the generator's rate at full concurrency now: concurrency / the latency of its last 8 rollouts.
+                # Taken afresh every step, because this host's load (other jobs) moves it by 2x within seconds
+                done_ = sorted((b, b - a) for a, b in requests if b is not None)[-8:]
+                latency = sum(d for _, d in done_) / len(done_)
+                return batch / (factor * concurrency / latency)
+
+            step_s = step_time()
             while time.monotonic() - t_start < window_s - step_s:
+                step_s = step_time()
                 async with cond:
                     await cond.wait_for(lambda: len(buffer) >= batch)
                     del buffer[:batch]
@@ -163,9 +171,11 @@ async def simulate(url: str, *, rate: float | None, concurrency: int = 4, batch:
     busy_t = sum(min(te, t_query) - max(tb, t0) for tb, te in steps if te > t0)
     live = [(max(a, g0), t_query if b is None else min(b, t_query)) for a, b in requests
             if a < t_query and (b is None or b > g0)]
+    slot_s = sum(b - a for a, b in live)  # request-seconds in the window: the generator's used slots
     return {
         "status": status,
         "truth": {"trainer_idle_ratio": 1 - busy_t / (t_query - t0),
-                  "generator_idle_ratio": 1 - union_s(live) / (t_query - g0)},
+                  "generator_idle_ratio": 1 - slot_s / (concurrency * (t_query - g0))},
         "steps": len(steps), "rollouts": sum(1 for a, b in requests if b is not None and b > g0),
+        "production": production,
     }
