@@ -218,7 +218,7 @@ class RolloutService:
             episode = await self._harness_episode(request.instance.harness, spec, task, config, timeout)
         else:
             episode = Episode(spec, task, self.pool, self.tokenizer, config, session_id=job_id)
-        meter = self.metrics
+        meter = self.metrics if self.gate.bounded else None  # an unbounded gate admits at once: nothing to time
         if meter is not None:  # waiting for admission is not generating: the generator's slot is idle meanwhile
             meter.job_left()
         try:
