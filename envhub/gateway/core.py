@@ -257,7 +257,7 @@ class Gateway:
                 session.flag(f"stale_{verdict}")
         session.ended = True
         if session.ended_event is not None:
-            session.ended_event.set()
+            _set_from_any_thread(session.ended_event)
         if session.backend_codec is not None:
             (session.backend or self.backend).close_session(session.session_id)
 
@@ -270,7 +270,8 @@ class Gateway:
         if not session.ended:
             self.end_session(session)
         self.sessions.pop(session.session_id, None)
-        self.keys.pop(session.api_key, None)
+        if self.keys.get(session.api_key) == session.session_id:  # a later session may have taken the key over
+            del self.keys[session.api_key]
 
     def _sweep(self) -> None:
         now = time.monotonic()
@@ -336,12 +337,16 @@ class Gateway:
             The number of prompt token ids.
 
         Raises:
-            BadRequest: malformed messages (:func:`~envhub.gateway.messages.prepare`).
-            ChatTemplateError: the chat template cannot render the conversation (not turned into a
-                :class:`BadRequest` here, unlike in :meth:`complete`).
+            BadRequest: malformed messages (:func:`~envhub.gateway.messages.prepare`), or a conversation the chat
+                template cannot render (as in :meth:`complete`: the client's request, a 400, not a server error).
         """
+        from envhub.codec.chat import ChatTemplateError
+
         codec = self.codec_for(req.tools)
-        return len(codec.prompt_ids(self._opening(codec, prepare(req.messages))))
+        try:
+            return len(codec.prompt_ids(self._opening(codec, prepare(req.messages))))
+        except ChatTemplateError as e:
+            raise BadRequest(f"the model's chat template cannot render this conversation: {e}") from e
 
     async def complete(self, session: Session, req: ChatRequest) -> ChatResult:
         """Serve one model call: find the chain it extends, build its prompt ids, sample, parse, record.
@@ -496,3 +501,18 @@ def tools_key(tools: list[dict[str, Any]] | None) -> str:
         The JSON string (``"[]"`` for no tools).
     """
     return json.dumps(tools or [], ensure_ascii=False)
+
+
+def _set_from_any_thread(event: asyncio.Event) -> None:
+    """Set ``event`` from whichever thread ends a session. ``asyncio.Event.set`` is not thread-safe: called from
+    another thread than the loop its waiter runs on (the app's export wait, on ``GatewayThread``'s loop), it wakes
+    that loop late or, in asyncio debug mode, raises. Such a set goes through ``call_soon_threadsafe``."""
+    loop = getattr(event, "_loop", None)  # bound by the first waiter (asyncio's _LoopBoundMixin); None: no waiter
+    try:
+        current = asyncio.get_running_loop()
+    except RuntimeError:
+        current = None
+    if loop is not None and loop is not current and loop.is_running():
+        loop.call_soon_threadsafe(event.set)
+    else:
+        event.set()
