@@ -34,17 +34,12 @@ lint: setup  ## ruff over the tree, mypy over the core contract (pyproject.toml 
 	$(BIN)/ruff check envhub adapters environments tests benchmarks scripts
 	$(BIN)/mypy
 
-test: setup lint  ## everything CI runs: lint, unit + integration + slow tiers, then the trainer and vLLM tiers
-	$(BIN)/envhub registry verify --rebuild    # every entry matches its source; each shipped wheel is its tree rebuilt
-	$(BIN)/pytest -m "not vllm and not trainers and not ray and not harness" -q --durations=25
-	$(MAKE) test-harness
-	$(MAKE) test-trainers
-	$(MAKE) test-vllm
-	$(MAKE) test-ray
+test: setup  ## everything CI runs: lint, registry, every tier; what waits runs at once (scripts/test-all.sh)
+	bash scripts/test-all.sh
 
-check: lint  ## the inner loop: lint, types, unit tests (no slow, model or tier tests)
-	$(BIN)/pytest -m "not slow and not smollm and not vllm and not trainers and not ray and not harness" -q \
-		--durations=10
+check: lint  ## the inner loop: lint, types, unit tests (no slow, model or tier tests), on 4 xdist workers
+	OMP_NUM_THREADS=1 $(BIN)/pytest -m "not slow and not smollm and not vllm and not trainers and not ray and not harness" \
+		-q -n 4 --dist loadgroup --no-loadscope-reorder --durations=10
 
 test-fast: check
 
@@ -73,4 +68,4 @@ bench: setup  ## executor_overhead needs OpenRLHF: it runs in .venv-trainers
 		case $$b in *executor_overhead*) py=.venv-trainers/bin/python;; esac; $$py $$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) .venv-trainers .venv-vllm .pytest_cache
+	rm -rf $(VENV) .venv-trainers .venv-vllm .pytest_cache .test-logs

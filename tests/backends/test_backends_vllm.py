@@ -25,7 +25,8 @@ from envhub.backends.openai import OpenAIBackend
 from envhub.backends.pool import BackendPool
 from vllm_server import REPO, VLLMServer, cpu_env, vllm_python
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
+# one worker per module under pytest-xdist: its vLLM server (a module fixture) starts once, not once per worker
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900), pytest.mark.xdist_group(__name__)]
 
 TOL = 1e-4
 

@@ -33,7 +33,8 @@ from envhub.gateway import Gateway, GatewayThread
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "backends"))
 from vllm_server import VLLMServer, vllm_python  # noqa: E402
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
+# one worker per module under pytest-xdist: its vLLM server (a module fixture) starts once, not once per worker
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900), pytest.mark.xdist_group(__name__)]
 
 
 class RenderServer(VLLMServer):

