@@ -293,7 +293,7 @@ class Gateway:
 
         Raises:
             BadRequest: ``reward`` is not a finite number; ``call_id`` is None and no call has finished; no call of
-                the session has ``call_id``.
+                the session has ``call_id``, or that call did not finish (its reward would be lost).
         """
         if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
             raise BadRequest(f"reward must be a finite number, got {reward!r}", param="reward")
@@ -306,6 +306,9 @@ class Gateway:
             found = session.by_id.get(call_id)
             if found is None:
                 raise BadRequest(f"interaction {call_id} not found")
+            if not found.ok:  # the builders train on finished calls only: a 200 here would drop the reward silently
+                raise BadRequest(f"interaction {call_id} did not finish ({found.error or 'no reply'}): no trajectory "
+                                 "is built from it, so its reward would be lost; set the reward on a finished call")
             call = found
         call.reward = float(reward)
         return call

@@ -11,7 +11,7 @@ import pytest
 from gw_helpers import agent_policy
 
 from envhub.backends.scripted import ScriptedBackend
-from envhub.gateway import Gateway, GatewayThread
+from envhub.gateway import BadRequest, Gateway, GatewayThread
 from envhub.gateway import core as gateway_core
 
 TOOLS = [{"type": "function", "function": {"name": "bash", "description": "run",
@@ -110,3 +110,23 @@ def test_setting_the_event_directly_from_another_thread_is_what_the_guard_preven
         loop.call_soon_threadsafe(loop.stop)
         t.join(10)
         loop.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_reward_on_a_call_that_failed_is_refused_not_silently_lost(tiny_tokenizer):
+    from test_areal_and_errors import Failing
+
+    backend = Failing(ScriptedBackend(agent_policy))
+    gw = Gateway(backend, tiny_tokenizer)
+    with GatewayThread(gw, token="admin") as srv:
+        s = gw.start_session("t")
+        h = {"Authorization": f"Bearer {s.api_key}"}
+        body = {"messages": [{"role": "user", "content": "hi"}]}
+        ok = httpx.post(srv.url + "/v1/chat/completions", json=body, headers=h, timeout=30)
+        backend.fail = True
+        bad = httpx.post(srv.url + "/v1/chat/completions", json=body, headers=h, timeout=30)
+    assert ok.status_code == 200 and bad.status_code == 502
+    failed = next(c for c in s.calls if not c.ok)
+    with pytest.raises(BadRequest, match="did not finish"):
+        gw.set_reward(s, 1.0, call_id=failed.call_id)
+    assert gw.set_reward(s, 1.0, call_id=ok.json()["id"]).reward == 1.0  # a finished call takes it
