@@ -39,7 +39,7 @@ test: setup  ## everything CI runs: lint, registry, every tier; what waits runs 
 
 check: lint  ## the inner loop: lint, types, unit tests (no slow, model or tier tests), on 4 xdist workers
 	OMP_NUM_THREADS=1 $(BIN)/pytest -m "not slow and not smollm and not vllm and not trainers and not ray and not harness" \
-		-q -n 4 --dist loadgroup --no-loadscope-reorder --durations=10
+		-q -n 4 --dist loadscope --durations=10
 
 test-fast: check
 

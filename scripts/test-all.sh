@@ -6,15 +6,16 @@
 #   2. meanwhile (after the ray extra, installed first): lint and types, the registry check, then the main tier under pytest-xdist;
 #   3. then the harness, vLLM and Ray tiers (one xdist run, in .venv) beside the trainer tier (.venv-trainers).
 #
-# Tests run longest-first (tests/durations.json, see tests/conftest.py), one at a time per worker. Every stage's
-# output goes to $LOGS/<stage>.log; a failed stage prints its tail. Prints each stage's wall time and the slowest
-# tests, and exits non-zero if any stage failed. ENVHUB_TEST_JOBS sets the number of xdist workers (default 6:
-# most tests wait on sandboxes and subprocesses, so 2 cores keep more than 2 workers busy).
+# xdist hands out whole test modules (--dist loadscope: module fixtures such as a venv or a vLLM server start once)
+# in collection order. Every stage's output goes to $LOGS/<stage>.log; a failed stage prints its tail. Prints each
+# stage's wall time and the slowest tests, and exits non-zero if any stage failed. ENVHUB_TEST_JOBS sets the number
+# of xdist workers (default 4: most tests wait on sandboxes and subprocesses, so 2 cores keep 4 workers busy; at 6
+# the CPU-bound tests starved one another, some past their time limits).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BIN=.venv/bin
 LOGS=${ENVHUB_TEST_LOGS:-.test-logs}
-JOBS=${ENVHUB_TEST_JOBS:-6}
+JOBS=${ENVHUB_TEST_JOBS:-4}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}  # many workers on 2 cores: torch's own threads would only fight them
 rm -rf "$LOGS" && mkdir -p "$LOGS"
 failed=()
@@ -64,7 +65,7 @@ background setup-harness bash scripts/setup-harness.sh
 stage lint make -s lint
 stage registry $BIN/envhub registry verify --rebuild  # every entry matches its source; each wheel is its tree rebuilt
 stage main $BIN/pytest -m "not vllm and not trainers and not ray and not harness" -q -n "$JOBS" \
-    --dist loadgroup --no-loadscope-reorder --durations=25
+    --dist loadscope --durations=25
 grep -A27 "slowest 25 durations" "$LOGS/main.log"
 tail -n 1 "$LOGS/main.log"
 
@@ -74,8 +75,8 @@ wait_for setup-vllm || vllm_ok=0
 wait_for setup-harness || harness_ok=0
 if ((vllm_ok && harness_ok)); then
     # ENVHUB_REQUIRE_VLLM: a missing vLLM environment fails the tier instead of skipping it
-    stage tiers env ENVHUB_REQUIRE_VLLM=1 $BIN/pytest -m "harness or vllm or ray" -q -n 3 --dist loadgroup \
-        --no-loadscope-reorder --durations=10
+    stage tiers env ENVHUB_REQUIRE_VLLM=1 $BIN/pytest -m "harness or vllm or ray" -q -n 3 --dist loadscope \
+        --durations=10
     tail -n 1 "$LOGS/tiers.log"
 fi
 [[ -n "${bg_pid[trainers]:-}" ]] && wait_for trainers && tail -n 1 "$LOGS/trainers.log"
