@@ -38,8 +38,9 @@ test: setup  ## everything CI runs: lint, registry, every tier; what waits runs 
 	bash scripts/test-all.sh
 
 check: lint  ## the inner loop: lint, types, unit tests (no slow, model or tier tests), on 4 xdist workers
-	OMP_NUM_THREADS=1 $(BIN)/pytest -m "not slow and not smollm and not vllm and not trainers and not ray and not harness" \
-		-q -n 4 --dist loadscope --durations=10
+	OMP_NUM_THREADS=1 $(BIN)/pytest -q -n 4 --dist loadscope --durations=10 \
+		-m "not serial and not slow and not smollm and not vllm and not trainers and not ray and not harness"
+	$(BIN)/pytest -q -m "serial and not slow and not smollm and not vllm and not trainers and not ray and not harness"
 
 test-fast: check
 

