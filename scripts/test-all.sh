@@ -46,14 +46,16 @@ background() {  # background NAME CMD...
     shift
     echo "== $name (background)"
     bg_start[$name]=$SECONDS
-    "$@" >"$LOGS/$name.log" 2>&1 &
+    # the job notes when it ended: waiting for it later must not count as its own time
+    { "$@" >"$LOGS/$name.log" 2>&1; rc=$?; echo "$SECONDS" >"$LOGS/$name.end"; exit $rc; } &
     bg_pid[$name]=$!
 }
 
 wait_for() {  # wait_for NAME: its exit status is the stage's
-    local rc=0
+    local rc=0 end
     wait "${bg_pid[$1]}" || rc=$?
-    finish "$1" "$rc" $((SECONDS - bg_start[$1]))
+    end=$(cat "$LOGS/$1.end" 2>/dev/null || echo "$SECONDS")
+    finish "$1" "$rc" $((end - bg_start[$1]))
     return $rc
 }
 
