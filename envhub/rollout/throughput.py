@@ -2,8 +2,8 @@
 (:meth:`Throughput.snapshot`), one verdict that names the bottleneck (:func:`bound`), and Prometheus text for
 ``GET /metrics`` (:mod:`envhub.rollout.throughput_export`, rendered by ``prometheus_client``).
 
-The arithmetic is the queue model of ``../shared/research/async_rl.md`` §0 fact 9 and §3.1: a generator produces
-samples into a queue, a trainer consumes them.
+The arithmetic is the queue model the asynchronous-RL systems use (``docs/metrics.md`` defines every figure): a
+generator produces samples into a queue, a trainer consumes them.
 
 * **Production** ``R_G`` = rollouts finished per second (cancelled ones are not production). **Effective
   production** = ``acceptance × R_G``, where acceptance counts out what the trainer cannot use (errors, timeouts,

@@ -1,6 +1,6 @@
 """Preflight: before a run starts, check what this node can be asked for, and refuse with a named reason instead of
-failing late (issue #26 point 4; ``../shared/research/async_rl.md`` §3.3: 960 concurrent sandboxes died with "dead"
-errors and hour-long spin-ups whose cause, an account limit, took days to find).
+failing late (``docs/metrics.md``, "Preflight": in one published agent-RL run, 960 concurrent sandboxes died with
+"dead" errors and hour-long spin-ups whose cause, an account limit, took days to find).
 
 Given the requested concurrency (sandboxes alive at once), :func:`preflight` checks
 
