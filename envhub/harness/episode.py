@@ -397,10 +397,12 @@ class HarnessEpisode:
             if score.crashed and t.finish_reason not in ("error", "cancelled"):  # no verdict: trained on by no one
                 t.finish_reason, t.reward = "error", 0.0
                 t.error = f"EVAL: {score.details.get('error') or 'the verifier crashed'}"
-        failed = self.traj.finish_reason if self.failed else None
+        before = (self.traj.finish_reason, self.traj.error) if self.failed else None
         self.trajectories, self.traj = trajs, trajs[0]
-        if failed:  # a failure marked before EVAL (the service's timeout) still stands
-            self.fail(failed, self.traj.error or failed)
+        if before is not None:  # a failure marked before EVAL (the service's timeout) stands, with its own message
+            reason, error = before
+            for t in trajs:  # not fail(): a trajectory EVAL already marked "error" must not keep its own verdict
+                t.finish_reason, t.error, t.reward, t.passed = reason, error or reason, 0.0, False
 
     def close_sync(self) -> None:
         """Close the env (its sandboxes) and drop the gateway session if EVAL did not (the episode was cut short);

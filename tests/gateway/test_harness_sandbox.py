@@ -63,3 +63,20 @@ def test_a_harness_sandbox_gets_the_runners_cpu_quota_and_the_gateway(swe_gym, t
                 assert int(cpu_max(sb)) == int(quota * cgroups.CPU_PERIOD_US)
         finally:
             ep.close_sync()
+
+
+def test_a_failure_marked_before_eval_stands_with_its_own_reason_and_message(swe_gym, tiny_tokenizer):
+    """The service's timeout cuts a harness episode before EVAL: EVAL still grades and builds, but the trajectories
+    carry the timeout and its message (they used to take EVAL's "made no model call" error and lose both)."""
+    spec, task = swe_gym
+    with HarnessRunner(Gateway(ScriptedBackend(lambda *_: Action("x")), tiny_tokenizer)) as runner:
+        ep = sandbox_of(runner, spec, task)
+        try:
+            ep.fail("timeout", "the job's timeout of 5s (time inside stages) ran out in RUN")
+            ep.evaluate_sync()
+            assert ep.trajectories and all(t.finish_reason == "timeout" for t in ep.trajectories)
+            assert all(t.error == "the job's timeout of 5s (time inside stages) ran out in RUN"
+                       for t in ep.trajectories)
+            assert all(t.reward == 0.0 and not t.passed for t in ep.trajectories)
+        finally:
+            ep.close_sync()
