@@ -28,6 +28,7 @@ COMMANDS: dict[str, str] = {
     # serving
     "serve": "envhub.cli.serve:serve_cmd",
     "status": "envhub.cli.serve:status_cmd",
+    "top": "envhub.cli.top:top_cmd",
     "gateway": "envhub.cli.gateway:gateway_cmd",
 }
 
