@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import Any
 
 import click
 from rich.table import Table
@@ -63,9 +64,21 @@ def _load_plugins(plugins: tuple[str, ...]) -> list[str]:
               help="Sandboxes alive at once the preflight checks for (default: init + run workers).")
 @click.option("--sandbox-runtime", default=None,
               help="The sandbox runtime the preflight must find working (default: any; a missing one only warns).")
+@click.option("--controller", type=click.Choice(["off", "aimd"]), default="off", show_default=True,
+              help="Adjust the rollouts in flight at run time from the LLM servers' queues and KV-cache usage "
+                   "(AIMD; docs/metrics.md, 'The controller'). Off: the pools alone bound concurrency.")
+@click.option("--controller-start", type=int, default=4, show_default=True, help="The controller's starting limit.")
+@click.option("--controller-max", type=int, default=None,
+              help="The controller's largest limit (default: init + run + eval workers); the sandbox limit and the "
+                   "staleness gate bound it too.")
+@click.option("--controller-interval", type=float, default=1.0, show_default=True,
+              help="Seconds between the controller's decisions.")
+@click.option("--controller-knob", "controller_knobs", multiple=True, metavar="NAME=VALUE",
+              help="Any other setting of envhub.service.controller.Knobs (beta=0.5, queue_high=1.0...); repeatable.")
 def serve_cmd(host, port, init_workers, run_workers, eval_workers, backends, tokenizer, timeout, sandbox_pool,
               max_sandboxes, plugins, token, no_autostart, max_body_mb, log_level, preflight_only, no_preflight,
-              concurrency, sandbox_runtime):
+              concurrency, sandbox_runtime, controller, controller_start, controller_max, controller_interval,
+              controller_knobs):
     """Serve rollouts over HTTP (the ProRL Agent API): POST /process, /cancel, /add_llm_server, /status..."""
     import secrets
 
@@ -85,6 +98,7 @@ def serve_cmd(host, port, init_workers, run_workers, eval_workers, backends, tok
         raise click.BadParameter(f"must be > 0, got {max_body_mb}", param_hint="--max-body-mb")
     if concurrency is not None and concurrency < 1:
         raise click.BadParameter(f"must be >= 1, got {concurrency}", param_hint="--concurrency")
+    knobs = _controller_knobs(controller, controller_start, controller_max, controller_interval, controller_knobs)
     if preflight_only or not no_preflight:
         _preflight(concurrency or init_workers + run_workers, list(backends), sandbox_runtime, max_sandboxes,
                    only=preflight_only)
@@ -99,7 +113,7 @@ def serve_cmd(host, port, init_workers, run_workers, eval_workers, backends, tok
     try:
         service = RolloutService(tok, backends=list(backends), init_workers=init_workers, run_workers=run_workers,
                                  eval_workers=eval_workers, timeout_s=timeout or None, sandbox_pool=sandbox_pool,
-                                 max_sandboxes=max_sandboxes)
+                                 max_sandboxes=max_sandboxes, controller=knobs)
     except Exception as e:
         raise click.ClickException(str(e)) from None
 
@@ -115,12 +129,46 @@ def serve_cmd(host, port, init_workers, run_workers, eval_workers, backends, tok
         if token:  # plain print: a wrapped token would be copied wrong
             print("  bearer token required on every endpoint" + (f" (generated): {token}" if generated else ""),
                   flush=True)
+        if knobs is not None:
+            c = service.controller.knobs
+            console.print(f"  controller: aimd from {c.start} rollouts in flight, at most {c.max} (and the sandbox "
+                          f"limit, the staleness gate), a decision every {c.interval_s:g}s", soft_wrap=True)
         console.print(f"  API schema: {url}/docs   status: envhub status {url}", soft_wrap=True)
         sys.stdout.flush()
 
     limits = {"max_body_bytes": int(max_body_mb * (1 << 20))} if max_body_mb else {}
     serve(service, host=host, port=port, token=token, autostart=not no_autostart, log_level=log_level,
           on_ready=ready, **limits)
+
+
+def _controller_knobs(kind: str, start: int, most: int | None, interval: float, extra: tuple[str, ...]) -> Any:
+    """The controller's :class:`~envhub.service.controller.Knobs` from the flags (``None``: off); a bad value is a
+    usage error naming the flag."""
+    if kind == "off":
+        if extra or most is not None:
+            raise click.BadParameter("set --controller aimd to use the controller's settings", param_hint="--controller")
+        return None
+    from dataclasses import fields
+
+    from envhub.service.controller import Knobs
+
+    types = {f.name: f.type for f in fields(Knobs)}
+    given: dict[str, Any] = {"start": start, "max": most, "interval_s": interval}
+    for item in extra:
+        name, sep, raw = item.partition("=")
+        name = name.strip().replace("-", "_")
+        if not sep or name not in types or name in ("start", "max", "interval_s"):
+            raise click.BadParameter(f"{item!r}: expected NAME=VALUE with NAME one of "
+                                     f"{sorted(set(types) - {'start', 'max', 'interval_s'})}",
+                                     param_hint="--controller-knob")
+        try:
+            given[name] = int(raw) if "int" in str(types[name]) else float(raw)
+        except ValueError:
+            raise click.BadParameter(f"{item!r}: {raw!r} is not a number", param_hint="--controller-knob") from None
+    try:
+        return Knobs(**given)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--controller-*") from None
 
 
 def _preflight(concurrency: int, backends: list[str], runtime: str | None, max_sandboxes: int | None, *,

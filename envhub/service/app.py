@@ -220,7 +220,8 @@ def create_app(service: Any, *, token: str | None = None, autostart: bool = True
         if getattr(app.state, "registry", None) is None:
             from envhub.rollout.throughput_export import registry_for
 
-            app.state.registry = registry_for(service.metrics)  # this server's own, never the global registry
+            extra = service.controller.families if service.controller is not None else None  # envhub_controller_*
+            app.state.registry = registry_for(service.metrics, extra)  # this server's own, never the global one
         from envhub.rollout.throughput_export import render
 
         text, ctype = render(app.state.registry)

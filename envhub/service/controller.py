@@ -193,6 +193,9 @@ class AIMD:
         if s.waiting is None and s.kv_usage is None:
             return out("hold", old, "no backend reports a queue or KV usage (load() or a vLLM/SGLang /metrics): "
                                     "nothing to steer by", "none")
+        if queue_hot:
+            return out("hold", old, f"backend queue {s.waiting} waiting > {k.queue_high:g} x {running} running for "
+                                    f"{self.hot} of {k.patience} ticks", "queue")
         room = (s.kv_usage is None or s.kv_usage < k.kv_low) and \
             (s.waiting is None or s.waiting <= k.queue_low * max(running, 1))
         if not room:

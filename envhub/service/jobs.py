@@ -122,6 +122,7 @@ class Job:
     state: State = State.QUEUED_INIT
     current: asyncio.Task | None = None  # the stage task running now (cancel() cancels it)
     discarded: bool = False  # cancelled or stopped: workers skip it, its stage is being torn down
+    slot: bool = False  # holds one of the pipeline's concurrency slots (Pipeline.set_concurrency) until answered
     failed_stage: str | None = None  # "init" | "run" | "eval": where an error happened
     exception: BaseException | None = None  # what caused the error, when the pipeline caught it (for the log)
     sandboxes: Any = None  # envhub.service.sandboxes.JobSandboxes

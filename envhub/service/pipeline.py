@@ -23,6 +23,12 @@ Guarantees, whatever happens:
   goes on with the next job.
 * **Stop** cancels every job, waits for them to be released, stops the workers, closes the sandbox pools and stops
   any sandbox still alive in the process.
+
+**Concurrency.** Every job holds a slot from the moment an INIT worker takes it until it is answered (INIT, RUN and
+EVAL, and the queues between them): :attr:`Pipeline.in_flight` counts them. :meth:`Pipeline.set_concurrency` caps
+the slots (the controller of :mod:`envhub.service.control_loop` moves the cap at run time; ``None``: only the pools
+bound it). A job over the cap waits in the INIT queue, before it starts anything (no sandbox, no env). Lowering the
+cap never touches a job that holds a slot: the excess drains as those jobs finish.
 """
 from __future__ import annotations
 
@@ -69,6 +75,9 @@ class Pipeline:
         self._workers: list[asyncio.Task] = []
         self._background: set[asyncio.Task] = set()
         self._executor: ThreadPoolExecutor | None = None
+        self.limit: int | None = None  # slots at most (set_concurrency); None: only the pools bound concurrency
+        self.in_flight = 0  # jobs holding a slot: taken by an INIT worker, not yet answered
+        self._slot_freed: asyncio.Event | None = None  # set (and replaced) whenever a slot may have opened
 
     # ---- lifecycle ----------------------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -137,7 +146,31 @@ class Pipeline:
             for waiting in self._waiting.values():
                 waiting.discard(job)
             self._spawn(self._finish(job))
+            self._slots_changed()  # an INIT worker holding it while it waited for a slot lets it go
         return True
+
+    def set_concurrency(self, limit: int | None) -> None:
+        """Cap the jobs in flight at ``limit`` (``None``: uncapped). Safe at any time: raising it lets waiting jobs
+        start at once; lowering it stops new starts until the jobs above it have finished (none is cancelled)."""
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+            raise ValueError(f"concurrency must be an integer >= 1 or None, got {limit!r}")
+        self.limit = limit
+        self._slots_changed()
+
+    def _slots_changed(self) -> None:
+        if self._slot_freed is not None:
+            self._slot_freed.set()  # wakes every waiter; each re-checks the cap (at most init_workers of them)
+            self._slot_freed = asyncio.Event()
+
+    async def _take_slot(self, job: Job) -> None:
+        """Wait until ``job`` may start under the cap (or was cancelled meanwhile), then hold a slot for it."""
+        while not job.discarded and self.limit is not None and self.in_flight >= self.limit:
+            if self._slot_freed is None:
+                self._slot_freed = asyncio.Event()
+            await self._slot_freed.wait()
+        if not job.discarded:
+            job.slot = True
+            self.in_flight += 1
 
     def _enqueue(self, job: Job, stage: str) -> None:
         job.state = _QUEUED[stage]
@@ -148,6 +181,8 @@ class Pipeline:
         queue = self._queues[stage]
         while True:
             job = await queue.get()
+            if stage == "init":  # the job stays listed as queued while it waits for a slot under the cap
+                await self._take_slot(job)
             self._waiting[stage].discard(job)
             if job.discarded:  # cancelled while queued: cancel() already finishes it
                 continue
@@ -260,6 +295,10 @@ class Pipeline:
             return
         job.state = State.DONE
         self.jobs.pop(job.id, None)
+        if job.slot:
+            job.slot = False
+            self.in_flight -= 1
+            self._slots_changed()
         result = result_dict(job)
         reason = job.episode.traj.finish_reason
         self.counts[{"error": "failed", "timeout": "timeout", "cancelled": "cancelled"}.get(reason, "done")] += 1
@@ -286,4 +325,5 @@ class Pipeline:
         stages = {s: {"queued": len(self._waiting[s]), "in_flight": len(self._active[s]), "workers": self.sizes[s]}
                   for s in STAGES}
         return {"stages": stages, "jobs": {**self.counts, "in_flight": len(self.jobs)},
+                "concurrency": {"limit": self.limit, "in_flight": self.in_flight},
                 "sandboxes": self.sandboxes.status()}

@@ -65,13 +65,16 @@ class RolloutService:
         metrics: keep the throughput figures (:mod:`envhub.rollout.throughput`: ``GET /metrics``, ``/status``'s
             ``throughput`` and ``bound``); False turns every hook off (the overhead benchmark's baseline).
         metrics_window_s: the sliding window of rates and idle ratios.
+        controller: ``"aimd"`` or a :class:`~envhub.service.controller.Knobs`: adjust the rollouts in flight at run
+            time from the LLM servers' queues and KV usage (:mod:`envhub.service.control_loop`); ``None`` (default):
+            off, only the pools bound concurrency.
     """
 
     def __init__(self, tokenizer: Any, *, backends: list[Any] | None = None, init_workers: int = 8,
                  run_workers: int = 16, eval_workers: int = 4, timeout_s: float | None = 300.0,
                  sandbox_pool: int = 2, backend_wait_s: float = 120.0, result_cache: int = 10_000,
                  hub: Any = None, max_sandboxes: int | None = None, gate: StalenessGate | None = None,
-                 metrics: bool = True, metrics_window_s: float = 60.0):
+                 metrics: bool = True, metrics_window_s: float = 60.0, controller: Any = None):
         from envhub.backends.pool import BackendPool
 
         self.tokenizer = tokenizer
@@ -100,6 +103,16 @@ class RolloutService:
         self._loop: asyncio.AbstractEventLoop | None = None
         self.metrics = Throughput(metrics_window_s, gauges=self._gauges) if metrics else None
         self.pool.observer = self.pipeline.sandboxes.meter = self.metrics
+        self.controller: Any = None
+        if controller is not None:
+            from envhub.service.control_loop import ConcurrencyController
+            from envhub.service.controller import Knobs
+
+            if controller == "aimd":
+                controller = Knobs()
+            if not isinstance(controller, Knobs):
+                raise ValueError(f"controller must be 'aimd', a Knobs or None, got {controller!r}")
+            self.controller = ConcurrencyController(self, controller)
 
     # ---- weight updates ---------------------------------------------------------------------------------------------
     @property
@@ -136,10 +149,14 @@ class RolloutService:
             if n is not None:
                 self.pipeline.sizes[stage] = int(n)
         await self.pipeline.start()
+        if self.controller is not None:
+            self.controller.start()
         return True
 
     async def stop(self) -> int:
         """Cancel every job, stop the pools and every sandbox. Returns how many jobs were cancelled."""
+        if self.controller is not None:
+            await self.controller.stop()
         if not self.running:
             return 0
         return await self.pipeline.stop("the server was stopped (POST /stop)")
@@ -496,6 +513,8 @@ class RolloutService:
             "sandboxes": p["sandboxes"],
             "timeout_s": self.timeout_s,
             "weights": self.lifecycle.status(),
+            "concurrency": p["concurrency"],
+            **({"controller": self.controller.status()} if self.controller is not None else {}),
             "uptime_s": round(time.time() - self.started_at, 3),
             **self.throughput(),
         }

@@ -66,7 +66,8 @@ def test_no_signal_means_no_move():
 # ---- decrease ----------------------------------------------------------------------------------------------------
 def test_a_queue_must_persist_for_patience_ticks():
     c = AIMD(Knobs(start=20, patience=2))
-    assert c.decide(queued(20, 15)).action == "hold"  # one tick: could be a burst
+    d = c.decide(queued(20, 15))  # one tick: could be a burst
+    assert (d.action, d.signal) == ("hold", "queue") and "for 1 of 2 ticks" in d.reason
     d = c.decide(queued(20, 15))
     assert (d.action, d.new) == ("decrease", 14) and "for 2 ticks" in d.reason
     c2 = AIMD(Knobs(start=20, patience=2))
