@@ -6,6 +6,10 @@
 - First Ctrl-C: no new episode starts, the running ones are cancelled and cleaned up (their sandboxes released);
   what finished is kept and the run ends with status 130. Second Ctrl-C: exit at once, after killing this
   process's sandboxes and removing their state, with the run's metadata written.
+- With a run directory, the run's throughput figures (:class:`envhub.rollout.throughput.Throughput`: rollouts per
+  second, slots used, latency, stage times, outcomes) are appended to ``throughput.jsonl`` every ``SERIES_EVERY_S``
+  seconds and once at the end (``envhub show RUN --plot``). A local run has no trainer: its trainer figures stay
+  unknown; model calls are not timed one by one here (the summary's tokens/s says the model's speed).
 - The event loop is this module's own (not ``asyncio.run``), with a thread pool sized for ``concurrency``: a
   thread stuck in a hung env must neither starve the others nor be waited for at the end.
 """
@@ -25,6 +29,7 @@ from typing import Any
 from envhub.cli.common import console
 
 CLEANUP_GRACE_S = 30.0  # past its timeout, how long an episode's cleanup may take before it is abandoned
+SERIES_EVERY_S = 5.0  # a throughput.jsonl line this often (a snapshot costs well under a millisecond)
 
 
 class Run:
@@ -51,6 +56,11 @@ class Run:
         self._t0, self._model_tokens = time.perf_counter(), 0
         self._sampled_before: int | None = None
         self.wall_s = 0.0
+        self.meter: Any = None  # the run's throughput figures, kept when there is a run directory to write them to
+        if writer is not None:
+            from envhub.rollout.throughput import Throughput
+
+            self.meter = Throughput(window_s=60.0)
 
     # ---- one episode -------------------------------------------------------------------------------------------
     async def _one(self, task, k: int, sem: asyncio.Semaphore, on_done) -> None:
@@ -58,7 +68,11 @@ class Run:
         from envhub.rollout.request import Instance, RolloutRequest
         from envhub.rollout.trajectory import Trajectory
 
+        queued = time.perf_counter()
         async with sem:
+            started = time.perf_counter()
+            if self.meter is not None:
+                self.meter.job_started()
             cfg = self.config
             if cfg.sampling.seed is not None:  # distinct, reproducible seeds per sample (as rollout_many)
                 cfg = replace(cfg, sampling=replace(cfg.sampling, seed=cfg.sampling.seed + k))
@@ -79,6 +93,12 @@ class Run:
 
                 mark_untrainable(traj)
             self.finished.append(traj)
+            if self.meter is not None:
+                m = traj.metrics
+                self.meter.job_finished({"finish_reason": traj.finish_reason},
+                                        {"init": m.get("init_s", 0.0), "run": m.get("run_s", 0.0),
+                                         "eval": m.get("eval_s", 0.0), "others": started - queued})
+                self.meter.job_left()
             if self.writer is not None:
                 self.writer.append(traj)
             on_done(traj)
@@ -108,15 +128,36 @@ class Run:
                         await asyncio.sleep(0.5)
                         progress.update(bar, rate=rate())
 
+                async def series() -> None:
+                    while True:
+                        await asyncio.sleep(SERIES_EVERY_S)
+                        self.record_series()
+
                 ticker = asyncio.ensure_future(tick()) if live else None
+                recorder = asyncio.ensure_future(series()) if self.meter is not None else None
                 try:
                     await asyncio.gather(*(self._one(t, k, sem, on_done) for t, k in self.work))
                 finally:
-                    if ticker is not None:
-                        ticker.cancel()
+                    for task in (ticker, recorder):
+                        if task is not None:
+                            task.cancel()
+                    if self.meter is not None:
+                        self.record_series()  # the end of the run, whatever cut it short
         finally:
             self.wall_s = time.perf_counter() - t0
             await self.backend.close()
+
+    def record_series(self) -> None:
+        """One line of the run's ``throughput.jsonl`` (never fatal: a full disk must not end the run)."""
+        from envhub.rollout.live import snapshot_row, total
+        from envhub.rollout.livepoll import SERIES, record_line
+
+        row = snapshot_row(self.meter.snapshot(), "local", time.time())
+        try:
+            with open(self.writer.path / SERIES, "a") as f:
+                f.write(record_line([row], total([row])))
+        except OSError:
+            pass
 
     def rate_text(self) -> str:
         """Tokens per second so far: counted as they are sampled when the backend counts them (``tokens_sampled``:

@@ -5,6 +5,8 @@ Layout of a run directory::
     DIR/run.json            what made it: command, model, tokenizer, sampling, envs (id, version, distribution,
                             registry sha256), started/finished, interrupted, and the summary once there is one
     DIR/trajectories.jsonl  one JSON line per *finished* trajectory, appended and flushed as each one finishes
+    DIR/throughput.jsonl    the throughput figures over time, one JSON line per snapshot (``envhub rollout`` every
+                            few seconds, ``envhub top --record DIR`` every poll): ``envhub show DIR --plot``
 
 Appending one line per trajectory is what makes a run survive a crash or Ctrl-C: everything that finished is on
 disk, and ``--resume`` skips those (task_id, sample) pairs. A partially written last line (a kill mid-write) is
@@ -24,6 +26,7 @@ import click
 
 META = "run.json"
 TRAJECTORIES = "trajectories.jsonl"
+SERIES = "throughput.jsonl"  # the run's throughput figures over time (envhub.rollout.livepoll.SERIES)
 # what must match for --resume to add to a run (the rest, e.g. concurrency or timeout, may change between tries)
 RESUME_KEYS = ("env_id", "model", "tokenizer", "sampling", "max_turns", "max_length", "split", "samples",
                "harness")
@@ -99,7 +102,7 @@ class RunWriter:
         appending. A partial last line (a kill mid-write) is cut off first: appended to, it would swallow the next
         trajectory."""
         if self.overwrite:
-            for name in (META, TRAJECTORIES):
+            for name in (META, TRAJECTORIES, SERIES):
                 (self.path / name).unlink(missing_ok=True)
         self.path.mkdir(parents=True, exist_ok=True)
         self.write_meta(**updates)
@@ -178,8 +181,14 @@ def started_meta(**fields: Any) -> dict[str, Any]:
 @click.argument("run", type=click.Path(exists=True))
 @click.option("--index", "-i", type=int, default=None, help="Which trajectory (default: a table of all).")
 @click.option("--json", "as_json", is_flag=True, help="Print the trajectory (or the run's metadata) as JSON.")
-def show_cmd(run: str, index: int | None, as_json: bool) -> None:
-    """Print a saved run: its metadata and a table of trajectories, or one conversation with --index."""
+@click.option("--plot", is_flag=True, help="Chart the run's rates and idle ratios over time (throughput.jsonl).")
+@click.option("--plot-file", type=click.Path(dir_okay=False), default=None,
+              help="Write that chart as an SVG image to this file.")
+def show_cmd(run: str, index: int | None, as_json: bool, plot: bool, plot_file: str | None) -> None:
+    """Print a saved run: its metadata and a table of trajectories, or one conversation with --index; --plot
+    charts its throughput over time."""
+    if plot or plot_file:
+        return _plot(run, plot, plot_file)
     from rich.console import Console
     from rich.table import Table
 
@@ -226,6 +235,29 @@ def show_cmd(run: str, index: int | None, as_json: bool) -> None:
         console.print(f"reason: {reason}", markup=False)
     if d.get("error"):
         console.print(f"error: {d['error']}", markup=False)
+
+
+def _plot(run: str, show: bool, path: str | None) -> None:
+    """``--plot`` / ``--plot-file``: the run's ``throughput.jsonl`` as a terminal chart and/or an SVG."""
+    import shutil
+
+    from envhub.cli.plot import svg, text_chart
+    from envhub.rollout.livepoll import read_series
+
+    lines = read_series(run)
+    if not lines:
+        raise click.ClickException(f"{run} holds no throughput series ({SERIES}): record one with `envhub top URL "
+                                   "--record RUN` (or envhub.rollout.livepoll.Recorder) while the run goes")
+    if show:
+        width = max(40, min(160, shutil.get_terminal_size((100, 40)).columns - 12))
+        click.echo("\n".join(text_chart(lines, width=width)))
+    if path:
+        meta = read_meta(run) if is_run(run) else {}
+        title = f"envhub throughput: {meta.get('env_id') or Path(run).name}"
+        tmp = Path(path).with_name(Path(path).name + ".tmp")
+        tmp.write_text(svg(lines, title=title))
+        os.replace(tmp, path)  # never a half-written image
+        click.echo(f"wrote {path} ({len(lines)} snapshots)")
 
 
 def remove_own_sandboxes() -> int:

@@ -56,6 +56,14 @@ def row_of(sample: dict[str, Any], previous: dict[str, Any] | None = None) -> di
     return {**row, **service_row(body)}
 
 
+def snapshot_row(snapshot: dict[str, Any], url: str, t: float) -> dict[str, Any]:
+    """The row of an in-process :class:`~envhub.rollout.throughput.Throughput` (``snapshot()``, its ``bound``
+    included), as if its server had answered ``/status`` (``envhub rollout --out`` records its own run this way)."""
+    snap = dict(snapshot)
+    body = {"status": "running", "stages": {}, "bound": snap.pop("bound", None), "throughput": snap}
+    return row_of({"url": url, "t": t, "kind": "service", "body": body})
+
+
 def service_row(status: dict[str, Any]) -> dict[str, Any]:
     """The figures of a service's ``/status`` (``throughput`` and ``bound``; a server with metrics off has neither:
     its row says so instead of showing zeros)."""
