@@ -130,9 +130,11 @@ def svg(lines: list[dict[str, Any]], *, title: str = "envhub throughput", width:
                 x = left + plot_w * t / span
                 y = y0 + panel - min(v / ymax, 1.0) * panel
                 runs[-1].append(f"{x:.1f},{y:.1f}")
+            # effective production is production wherever all is accepted: dashed, so the line under it shows
+            dash = ' stroke-dasharray="6,4"' if key == "effective_production_rate" else ""
             for pts in runs:
                 if pts:
-                    parts.append(f'<polyline data-series="{key}" fill="none" stroke="{colour}" stroke-width="2" '
+                    parts.append(f'<polyline data-series="{key}" fill="none" stroke="{colour}" stroke-width="2"{dash} '
                                  f'points="{" ".join(pts)}"/>')
             ly = y0 + 14 + 18 * k
             parts.append(f'<line x1="{left + plot_w + 12}" x2="{left + plot_w + 32}" y1="{ly - 4}" y2="{ly - 4}" '

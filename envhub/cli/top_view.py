@@ -229,7 +229,9 @@ def stages(tot: dict[str, Any], p: Paint) -> list[str]:
     st = {k: v for k, v in (tot.get("stages") or {}).items() if v.get("count")}
     if not st:
         return []
-    out = [p("stage latency", BOLD) + ":" + " " * 12 + f"{'count':>7} {'mean':>7} {'p50':>7} {'p90':>7} {'p99':>7}"]
+    # quantiles cannot be merged from summaries: over several replicas they are the worst one's, the mean is exact
+    note = " (quantiles: the worst replica's)" if (tot.get("services") or 0) > 1 else ""
+    out = [p("stage latency", BOLD) + ":" + " " * 12 + f"{'count':>7} {'mean':>7} {'p50':>7} {'p90':>7} {'p99':>7}{note}"]
     for name, q in st.items():
         out.append(f"  {name:<24}{q['count']:>7} " + " ".join(f"{secs(q.get(k)):>7}" for k in ("mean", "p50", "p90",
                                                                                                   "p99")))
