@@ -36,6 +36,10 @@ def top_cmd(urls: tuple[str, ...], interval: float, once: bool, token: str | Non
     from envhub.cli.top_view import log_line, render
     from envhub.rollout.livepoll import Poller, Recorder
 
+    bad = [u for u in urls if not u.startswith(("http://", "https://"))]
+    if bad:
+        raise click.BadParameter(f"{', '.join(bad)}: give each replica's base URL, e.g. http://HOST:PORT",
+                                 param_hint="URL")
     tty = sys.stdout.isatty()
     live = tty and not once
     logging = bool(record) and not tty and not once  # a recorder in the background: a line per poll
@@ -54,12 +58,15 @@ def top_cmd(urls: tuple[str, ...], interval: float, once: bool, token: str | Non
                 click.echo(log_line(tot))
                 time.sleep(max(0.0, interval - (time.monotonic() - began)))
                 continue
-            width = shutil.get_terminal_size((120, 40)).columns if tty else 200
-            lines = render(rows, tot, width=width, color=color, interval=interval if live else None)
+            size = shutil.get_terminal_size((120, 40))
+            lines = render(rows, tot, width=size.columns if tty else 200, color=color,
+                           interval=interval if live else None)
             if not live:
                 click.echo("\n".join(lines))
                 return
-            # home, each line followed by clear-to-end-of-line, then clear the rest: no flicker, no curses
+            # home, each line followed by clear-to-end-of-line, then clear the rest: no flicker, no curses. No more
+            # lines than the terminal has rows: one more would scroll, and the next redraw would start mid-screen
+            lines = lines[:max(1, size.lines - 1)]
             sys.stdout.write("\x1b[H" + "".join(line + "\x1b[K\n" for line in lines) + "\x1b[J")
             sys.stdout.flush()
             time.sleep(max(0.0, interval - (time.monotonic() - began)))

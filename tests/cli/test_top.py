@@ -41,9 +41,9 @@ def serve(tiny_tokenizer):
     svc_plugins.register_all()
     servers = []
 
-    def start(**kw):
+    def start(token=None, **kw):
         kw.setdefault("backends", ["golden"])
-        srv = ServerThread(RolloutService(tiny_tokenizer, **kw), host="127.0.0.1").start()
+        srv = ServerThread(RolloutService(tiny_tokenizer, **kw), host="127.0.0.1", token=token).start()
         servers.append(srv)
         return srv
 
@@ -212,6 +212,16 @@ def test_generator_idle_of_the_whole_weighs_replicas_by_their_slots(serve, monke
     assert abs(plain - tot["generator_idle_ratio"]) > 1e-3  # the two rules differ on these replicas...
     tot_mean = dict(tot, generator_idle_ratio=plain)
     assert not weighted(rows, tot_mean)  # ...so the check would catch a mean
+
+
+def test_a_server_that_needs_a_token_says_so_and_bad_urls_are_refused(serve):
+    srv = serve(token="s3cret")
+    url = srv.url.removeprefix("http://")
+    without = next(ln for ln in top(srv.url) if ln.startswith(url))
+    assert "DOWN" in without and "401" in without and "--token" in without
+    assert "DOWN" not in "\n".join(top(srv.url, "--token", "s3cret"))
+    r = CliRunner().invoke(main, ["top", "127.0.0.1:8000", "--once"])
+    assert r.exit_code == 2 and "http://HOST:PORT" in r.output
 
 
 # ---- the figures move with load ----------------------------------------------------------------------------------
