@@ -14,7 +14,6 @@ from pathlib import Path
 import httpx
 import pytest
 from click.testing import CliRunner
-from helpers import run_cli
 
 from envhub.cli import main, plot
 from envhub.rollout.live import total
@@ -117,19 +116,32 @@ def test_a_partial_last_line_is_skipped_and_a_run_without_series_is_one_clear_er
     assert not (tmp_path / "x.svg").exists()
 
 
-def test_rollout_out_writes_its_own_series(tmp_path):
+def test_rollout_out_writes_its_own_series(tmp_path, tiny_tokenizer):
+    """``envhub rollout --out``'s loop (the CLI hands its run directory to this ``Run``) writes the run's figures."""
+    import envhub
+    from envhub.backends.base import SamplingParams
+    from envhub.backends.scripted import ScriptedBackend
+    from envhub.cli.runner import Run
+    from envhub.cli.runs import RunWriter, started_meta
+    from envhub.rollout.request import RolloutConfig
+
     run = tmp_path / "run"
-    done = run_cli("rollout", "countdown", "-m", "golden", "--tokenizer", "tiny", "-n", "6", "-c", "2", "--out",
-                   str(run), timeout=110)
-    assert done.returncode == 0, done.stdout + done.stderr
+    spec = envhub.get_spec("countdown")
+    writer = RunWriter(run, started_meta(env_id=spec.id)).open()
+    config = RolloutConfig(max_length=4096, sampling=SamplingParams(max_tokens=64, seed=0))
+    r = Run(spec, ScriptedBackend(spec.golden), tiny_tokenizer, n=6, samples=1, concurrency=2, config=config,
+            writer=writer, show_progress=False)
+    assert r.execute() == 0
+    writer.close()
     lines = read_series(run)
     assert lines, "no throughput.jsonl in the run directory"
     last = lines[-1]["total"]  # written once the run ended: every rollout counted
-    assert last["finished"] == 6 and last["outcomes"].get("accepted", 0) + last["outcomes"].get("error", 0) == 6
+    assert last["finished"] == 6 and sum(last["outcomes"].values()) == 6
     assert last["production_rate"] > 0 and last["peak_concurrency"] == 2
     assert last["consumption_rate"] is None  # no trainer: unknown, not zero
-    r = CliRunner().invoke(main, ["show", str(run), "--plot"])
-    assert r.exit_code == 0 and "production" in r.output
+    assert last["stages"]["run"]["count"] == 6
+    out = CliRunner().invoke(main, ["show", str(run), "--plot"])
+    assert out.exit_code == 0 and "production" in out.output
 
 
 def test_overwrite_starts_a_fresh_series(tmp_path):
