@@ -16,8 +16,9 @@ from typing import Any
 BOLD, DIM, RED, GREEN, YELLOW, CYAN, RESET = "\x1b[1m", "\x1b[2m", "\x1b[31m", "\x1b[32m", "\x1b[33m", "\x1b[36m", \
     "\x1b[0m"
 _SGR = re.compile(r"\x1b\[[0-9;]*m")
-COLS = (("replica", 24), ("prod/s", 8), ("eff/s", 8), ("cons/s", 8), ("accept", 7), ("trn idle", 15),
-        ("gen idle", 15), ("bound", 16), ("queue", 6), ("sandboxes", 11), ("lat s", 7))
+# the verdict last: a backend's name (``backend:<name>``) may be long, and nothing after it gets pushed off the screen
+COLS = (("replica", 20), ("prod/s", 7), ("eff/s", 7), ("cons/s", 7), ("accept", 6), ("trn idle", 11),
+        ("gen idle", 11), ("queue", 5), ("sandboxes", 9), ("lat", 6), ("bound", 24))
 
 
 def num(x: Any, unit: str = "") -> str:
@@ -58,7 +59,7 @@ def pct(x: Any) -> str:
     return "-" if x is None else f"{100 * float(x):.0f}%"
 
 
-def bar(x: Any, width: int = 8) -> str:
+def bar(x: Any, width: int = 6) -> str:
     """``████░░░░`` for a ratio in [0, 1] (blank when unknown)."""
     if x is None:
         return " " * width
@@ -120,7 +121,7 @@ def _short(url: str, width: int) -> str:
 def _row(cells: list[str]) -> str:
     """Cells under :data:`COLS`: the replica's name and the verdict left-aligned, figures right-aligned."""
     left = {"replica", "trn idle", "gen idle", "bound"}
-    return " ".join(_pad(c, w, right=n not in left) for c, (n, w) in zip(cells, COLS))
+    return " ".join(_pad(c, w, right=n not in left) for c, (n, w) in zip(cells, COLS)).rstrip()
 
 
 def replica_line(r: dict[str, Any], p: Paint) -> str:
@@ -137,9 +138,9 @@ def replica_line(r: dict[str, Any], p: Paint) -> str:
     sb = r.get("sandboxes") or {}
     return _row([name, num(r.get("production_rate")), num(r.get("effective_production_rate")),
                  num(r.get("consumption_rate")), pct(r.get("acceptance")), p.idle(r.get("trainer_idle_ratio")),
-                 p.idle(r.get("generator_idle_ratio")), p.verdict(r.get("bound")),
-                 str(sum((r.get("queue") or {}).values())), f"{num(sb.get('live'))}/{num(sb.get('limit'))}",
-                 secs(r.get("rollout_latency_s"))])
+                 p.idle(r.get("generator_idle_ratio")), str(sum((r.get("queue") or {}).values())),
+                 f"{num(sb.get('live'))}/{num(sb.get('limit'))}", secs(r.get("rollout_latency_s")),
+                 p.verdict(r.get("bound"))])
 
 
 def header(rows: list[dict[str, Any]], tot: dict[str, Any], p: Paint, interval: float | None) -> list[str]:
@@ -147,7 +148,7 @@ def header(rows: list[dict[str, Any]], tot: dict[str, Any], p: Paint, interval: 
     down = f", {p(str(tot['down']) + ' down', RED, BOLD)}" if tot.get("down") else ""
     every = f", every {interval:g}s (Ctrl-C quits)" if interval else ""
     windows = sorted({float(r["window_s"]) for r in rows if r.get("window_s") is not None})
-    win = f", rates over the last {secs(windows[-1])}" if windows else ""
+    win = f", rates over the last {secs(windows[-1])}" if windows and windows[-1] > 0 else ""
     return [p("envhub top", BOLD) + f": {tot['replicas']} replica(s){down}{win}, {when}{every}",
             p(_row([n for n, _ in COLS]), DIM)]
 
@@ -180,10 +181,11 @@ def render(rows: list[dict[str, Any]], tot: dict[str, Any], *, width: int = 120,
         lines += backends(services, tot, p)
         lines += stages(tot, p)
         st, oc = tot.get("staleness") or {}, tot.get("outcomes") or {}
-        lines.append(f"{p('staleness', BOLD)} (versions behind at hand-over): " + "; ".join(
-            f"per {u} mean {num(q.get('mean'))} p90 {num(q.get('p90'))} max {num(q.get('max'))}" for u, q in
-            sorted(st.items()) if q.get("count")) + (f"; partial rollouts {num(tot.get('partial'))}"
-                                                   if tot.get("partial") else "") if st else "-")
+        lags = [f"per {u} mean {num(q.get('mean'))} p90 {num(q.get('p90'))} max {num(q.get('max'))}"
+                for u, q in sorted(st.items()) if q.get("count")]
+        if tot.get("partial"):
+            lags.append(f"partial rollouts {num(tot.get('partial'))}")
+        lines.append(f"{p('staleness', BOLD)} (versions behind at hand-over): " + ("; ".join(lags) or "-"))
         lines.append(f"{p('outcomes', BOLD)}: {_pairs(oc) or '-'}; discarded by the trainer "
                      f"{pct(tot.get('discard_share'))}, wasted {num(tot.get('wasted_s'))} in-stage seconds")
     gws = [r for r in rows if r["kind"] == "gateway"]

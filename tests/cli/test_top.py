@@ -125,7 +125,7 @@ def test_top_once_shows_the_figures_status_reports(serve):
     assert row["gen idle"].endswith(pct(tp["generator_idle_ratio"]))
     assert row["bound"] == bd["bound"]
     assert row["sandboxes"] == f"0/{37}"
-    assert row["lat s"] == secs(tp["rollout_latency_s"])
+    assert row["lat"] == secs(tp["rollout_latency_s"])
     text = "\n".join(lines)
     assert bd["why"].split(";")[0] in text  # the verdict's figures, in its own words
     assert f"outcomes: accepted {tp['outcomes']['accepted']}" in text and tp["outcomes"]["accepted"] == 8
