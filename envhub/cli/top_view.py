@@ -38,7 +38,7 @@ def num(x: Any, unit: str = "") -> str:
         return f"{x:.1f}{unit}"
     if abs(x) >= 0.01 or x == 0:
         return f"{x:.2f}{unit}"
-    return f"{x:.0e}{unit}"
+    return f"{x:.1g}{unit}"
 
 
 def secs(x: Any) -> str:

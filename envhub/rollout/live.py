@@ -166,7 +166,7 @@ def total(rows: list[dict[str, Any]]) -> dict[str, Any]:
         if gws:
             out["gw_" + k] = add(k, gws)
     out["bound"] = _bound(out) if svc else {"bound": "unknown", "side": "unknown", "ratio": None,
-                                            "why": "no rollout service answered"}
+                                            "why": "no rollout service reported throughput figures"}
     return out
 
 
