@@ -247,6 +247,18 @@ async def test_a_vllm_servers_metrics_are_scraped_over_http(serve):
         vllm.shutdown()
 
 
+async def test_a_smaller_gate_bound_clamps_the_limit_at_the_next_tick(serve):
+    backend = Slots(capacity=64)
+    srv = serve(backends=[backend], run_workers=32, controller=Knobs(start=16, interval_s=60))
+    ctl = srv.service.controller
+    r = httpx.post(srv.url + "/staleness", json={"max_staleness": 0, "batch_size": 3})  # admits (0 + 1) x 3 at most
+    assert r.status_code == 200, r.text
+    d = srv.call(ctl.tick())
+    assert (d.action, d.new, d.signal) == ("clamp", 3, "ceiling") and "staleness gate" in d.reason
+    st = httpx.get(srv.url + "/status").json()
+    assert st["concurrency"]["limit"] == 3 and st["controller"]["ceiling_by"] == "staleness gate"
+
+
 def test_envhub_serve_controller_aimd():
     proc, url, lines = spawn_server("--backend", "golden", "--run-workers", "6", "--controller", "aimd",
                                     "--controller-start", "3", "--controller-interval", "0.2",
