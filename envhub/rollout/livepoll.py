@@ -15,6 +15,7 @@ Only the standard library (``urllib``): the live view needs no HTTP client insta
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 import urllib.error
@@ -26,6 +27,7 @@ from typing import Any
 from envhub.rollout.live import row_of, total
 
 SERIES = "throughput.jsonl"
+log = logging.getLogger("envhub.live")
 
 
 def _get(url: str, token: str | None, timeout: float) -> tuple[int, Any]:
@@ -93,13 +95,23 @@ class Poller:
             return poll(url, token=self.token, timeout=self.timeout, kind=kind)
 
         samples = list(self._pool.map(one, self.urls))
-        rows = [row_of(s, self.last.get(s["url"])) for s in samples]
+        rows = [_row(s, self.last.get(s["url"])) for s in samples]
         for s in samples:
             self.last[s["url"]] = s
         return rows, total(rows)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _row(sample: dict[str, Any], previous: dict[str, Any] | None) -> dict[str, Any]:
+    """:func:`row_of`, or a ``down`` row naming what was wrong with an answer of an unexpected shape (another
+    version's server, a proxy's page): the view goes on."""
+    try:
+        return row_of(sample, previous)
+    except Exception as e:
+        return {"url": sample["url"], "t": sample["t"], "kind": "down",
+                "error": f"unreadable {sample['kind']} answer: {type(e).__name__}: {e}"[:200]}
 
 
 def record_line(rows: list[dict[str, Any]], tot: dict[str, Any]) -> str:
@@ -138,8 +150,8 @@ class Recorder:
             began = time.monotonic()
             try:
                 self.record()
-            except OSError:  # a full disk must not kill the run being recorded; the next poll tries again
-                pass
+            except Exception as e:  # a full disk must not end the recording, nor the run; the next poll tries again
+                log.warning("throughput recorder: %s: %s (%s)", type(e).__name__, e, self.path)
             self._stop.wait(max(0.0, self.interval_s - (time.monotonic() - began)))
 
     def start(self) -> "Recorder":

@@ -41,3 +41,12 @@ def test_a_dead_replica_and_a_server_without_metrics_are_named_not_zeros():
     assert "2 replica(s), 1 down" in lines[0]
     assert "no rollout service reported throughput figures" in text
     assert all(visible_len(ln) <= 60 for ln in render([down, off], total([down, off]), width=60))
+
+
+def test_an_answer_of_an_unexpected_shape_is_a_down_row_not_a_crash():
+    from envhub.rollout.livepoll import _row
+
+    odd = {"url": "http://h:3", "t": 0.0, "kind": "service", "body": {"stages": {"run": 5}, "throughput": {}}}
+    row = _row(odd, None)
+    assert row["kind"] == "down" and row["error"].startswith("unreadable service answer: AttributeError")
+    assert "DOWN  unreadable" in "\n".join(render([row], total([row])))
