@@ -224,3 +224,10 @@ def status_cmd(url: str, token: str | None, as_json: bool) -> None:
     console.print(backends if st["backends"] else "backends: none (POST /add_llm_server)")
     sb = st.get("sandboxes", {})
     console.print(f"sandboxes: live={sb.get('live', 0)} prewarmed={sb.get('ready', 0)} pools={sb.get('pools', 0)}")
+    ctl = st.get("controller")
+    if ctl:  # --controller aimd: the limit, what bounds it, and the last decision with its reason
+        last = ctl["log"][-1] if ctl.get("log") else None
+        console.print(f"controller: limit {ctl['limit']} ({ctl['in_flight']} in flight, ceiling {ctl['ceiling']} by "
+                      f"{ctl['ceiling_by']}), oversampling {ctl['oversampling']:g}"
+                      + (f"; last: {last['action']} {last['old']} -> {last['new']}: {last['reason']}" if last else ""),
+                      soft_wrap=True)
