@@ -41,6 +41,8 @@ def top_cmd(urls: tuple[str, ...], interval: float, once: bool, token: str | Non
         raise click.BadParameter(f"{', '.join(bad)}: give each replica's base URL, e.g. http://HOST:PORT",
                                  param_hint="URL")
     tty = sys.stdout.isatty()
+    # block characters only where the terminal can show them (an SSH session with LANG=C would print mojibake)
+    unicode = "utf" in (getattr(sys.stdout, "encoding", None) or "").lower()
     live = tty and not once
     logging = bool(record) and not tty and not once  # a recorder in the background: a line per poll
     color = live if color is None else color
@@ -60,7 +62,7 @@ def top_cmd(urls: tuple[str, ...], interval: float, once: bool, token: str | Non
                 continue
             size = shutil.get_terminal_size((120, 40))
             lines = render(rows, tot, width=size.columns if tty else 200, color=color,
-                           interval=interval if live else None)
+                           interval=interval if live else None, unicode=unicode)
             if not live:
                 click.echo("\n".join(lines))
                 return

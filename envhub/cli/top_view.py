@@ -59,12 +59,12 @@ def pct(x: Any) -> str:
     return "-" if x is None else f"{100 * float(x):.0f}%"
 
 
-def bar(x: Any, width: int = 6) -> str:
-    """``████░░░░`` for a ratio in [0, 1] (blank when unknown)."""
+def bar(x: Any, width: int = 6, marks: str = "█░") -> str:
+    """``████░░`` for a ratio in [0, 1] (blank when unknown); ``marks="#."`` where the terminal is not UTF-8."""
     if x is None:
         return " " * width
     full = max(0, min(width, round(float(x) * width)))
-    return "█" * full + "░" * (width - full)
+    return marks[0] * full + marks[1] * (width - full)
 
 
 def visible_len(s: str) -> int:
@@ -90,15 +90,15 @@ def cut(s: str, width: int) -> str:
 
 
 class Paint:
-    def __init__(self, color: bool):
-        self.color = color
+    def __init__(self, color: bool, marks: str = "█░"):
+        self.color, self.marks = color, marks
 
     def __call__(self, text: str, *codes: str) -> str:
         return "".join(codes) + text + RESET if self.color and codes else text
 
     def idle(self, x: Any) -> str:
         """An idle ratio: red above a quarter (that side waits: throughput.IDLE), yellow above a tenth."""
-        cell = f"{bar(x)} {pct(x):>4}"
+        cell = f"{bar(x, marks=self.marks)} {pct(x):>4}"
         if x is None:
             return cell
         return self(cell, RED if x > 0.25 else YELLOW if x > 0.10 else GREEN)
@@ -154,9 +154,9 @@ def header(rows: list[dict[str, Any]], tot: dict[str, Any], p: Paint, interval: 
 
 
 def render(rows: list[dict[str, Any]], tot: dict[str, Any], *, width: int = 120, color: bool = False,
-           interval: float | None = None) -> list[str]:
+           interval: float | None = None, unicode: bool = True) -> list[str]:
     """The screen for ``rows`` (one per replica) and ``tot`` (:func:`envhub.rollout.live.total`)."""
-    p = Paint(color)
+    p = Paint(color, "█░" if unicode else "#.")
     lines = header(rows, tot, p, interval)
     lines += [replica_line(r, p) for r in rows]
     services = [r for r in rows if r["kind"] == "service" and "production_rate" in r]

@@ -50,3 +50,11 @@ def test_an_answer_of_an_unexpected_shape_is_a_down_row_not_a_crash():
     row = _row(odd, None)
     assert row["kind"] == "down" and row["error"].startswith("unreadable service answer: AttributeError")
     assert "DOWN  unreadable" in "\n".join(render([row], total([row])))
+
+
+def test_bars_fall_back_to_ascii_off_a_utf8_terminal():
+    row = {"url": "http://h:4", "t": 0.0, "kind": "service", "production_rate": 1.0, "trainer_idle_ratio": 0.5,
+           "generator_idle_ratio": 0.0}
+    lines = render([row], total([row]), unicode=False)
+    assert "###...  50%" in lines[2] and "█" not in "\n".join(lines)
+    assert "███░░░  50%" in render([row], total([row]))[2]
