@@ -81,6 +81,8 @@ def test_a_recorder_writes_the_series_and_show_plots_it(service, tmp_path):
     last = lines[-1]["total"]
     assert last["production_rate"] > 0 and last["consumption_rate"] > 0 and last["steps"] >= 2
     assert [d["t"] for d in lines] == sorted(d["t"] for d in lines)
+    # figures are rounded to 4 digits on disk, times never (a Unix time to 4 digits is a 15-day bin)
+    assert all(abs(d["replicas"][0]["t"] - d["t"]) < 5 for d in lines)
 
     r = CliRunner().invoke(main, ["show", str(run), "--plot", "--plot-file", str(tmp_path / "out.svg")])
     assert r.exit_code == 0, r.output
