@@ -29,7 +29,7 @@ from typing import Any
 from envhub.cli.common import console
 
 CLEANUP_GRACE_S = 30.0  # past its timeout, how long an episode's cleanup may take before it is abandoned
-SERIES_EVERY_S = 5.0  # a throughput.jsonl line this often (a snapshot costs well under a millisecond)
+SERIES_EVERY_S = 5.0  # a throughput.jsonl line this often (a snapshot took ~8 ms with 2000 rollouts in its window here)
 
 
 class Run:
