@@ -2,9 +2,10 @@
 ``envhub show RUN --plot`` draws them in the terminal (plain characters, readable over SSH), ``--plot-file
 out.svg`` writes an SVG (hand-written: no plotting library is a dependency of envhub). Pure: series in, text out.
 
-Two panels share the time axis (seconds since the first snapshot): **rates** (production, effective production,
-consumption; samples/s) and **idle ratios** (trainer, generator; 0-100 %). The figures are the whole's (the TOTAL
-row of ``envhub top``).
+Panels share the time axis (seconds since the first snapshot): **rates** (production, effective production,
+consumption; samples/s), **idle ratios** (trainer, generator; 0-100 %) and, where a concurrency controller ran,
+**concurrency** (its limit and the rollouts in flight). The figures are the whole's (the TOTAL row of ``envhub
+top``).
 """
 from __future__ import annotations
 
@@ -16,6 +17,9 @@ RATES = (("production_rate", "production", "p", "#1f77b4"),
          ("consumption_rate", "consumption", "c", "#d62728"))
 IDLES = (("trainer_idle_ratio", "trainer idle", "t", "#9467bd"),
          ("generator_idle_ratio", "generator idle", "g", "#ff7f0e"))
+# a third panel where a concurrency controller ran (``envhub serve --controller aimd``): its limit, what was in flight
+CONCURRENCY = (("controller_limit", "controller limit", "l", "#17becf"),
+               ("in_flight", "rollouts in flight", "f", "#7f7f7f"))
 
 
 def series(lines: list[dict[str, Any]]) -> dict[str, list[tuple[float, float | None]]]:
@@ -24,12 +28,22 @@ def series(lines: list[dict[str, Any]]) -> dict[str, list[tuple[float, float | N
         return {}
     t0 = lines[0]["t"]
     out: dict[str, list[tuple[float, float | None]]] = {}
-    for key, *_ in (*RATES, *IDLES):
+    for key, *_ in (*RATES, *IDLES, *CONCURRENCY):
         pts = []
         for d in lines:
             v = d["total"].get(key)
             pts.append((float(d["t"]) - t0, float(v) if isinstance(v, (int, float)) and v == v else None))
         out[key] = pts
+    return out
+
+
+def panels(s: dict[str, list[tuple[float, float | None]]]) -> list[tuple[str, str, tuple, float | None, str]]:
+    """``(title, id, figures, fixed scale, unit)`` of each panel drawn: rates, idle ratios, and concurrency where a
+    controller reported a limit."""
+    out: list[tuple[str, str, tuple, float | None, str]] = [("rates (samples/s)", "rates", RATES, None, "/s"),
+                                                           ("idle ratios", "idle", IDLES, 1.0, "")]
+    if any(v is not None for _, v in s.get("controller_limit", [])):
+        out.append(("concurrency (rollouts)", "concurrency", CONCURRENCY, None, ""))
     return out
 
 
@@ -51,7 +65,7 @@ def _top(values: list[float]) -> float:
 
 # ---- the terminal -------------------------------------------------------------------------------------------------
 def text_chart(lines: list[dict[str, Any]], *, width: int = 72, height: int = 11) -> list[str]:
-    """Both panels as lines of plain text; each figure a letter (``*`` where two meet), a legend with the last snapshot's
+    """Every panel as lines of plain text; each figure a letter (``*`` where two meet), a legend with the last snapshot's
     value (``-``: unknown then) and the mean over the snapshots that had one, under each panel."""
     s = series(lines)
     if not s:
@@ -60,7 +74,7 @@ def text_chart(lines: list[dict[str, Any]], *, width: int = 72, height: int = 11
     real = max(t for t, _ in s["production_rate"])
     span = real or 1.0
     out = [f"{len(lines)} snapshots over {real:.0f}s"]
-    for title, figs, scale, unit in (("rates (samples/s)", RATES, None, "/s"), ("idle ratios", IDLES, 1.0, "")):
+    for title, _, figs, scale, unit in panels(s):
         vals = [v for key, *_ in figs for _, v in s[key] if v is not None]
         top = scale or _top(vals)
         grid = [[" "] * width for _ in range(height)]
@@ -94,22 +108,23 @@ def _fmt(v: float, ratio: float | None, unit: str) -> str:
 # ---- SVG ----------------------------------------------------------------------------------------------------------
 def svg(lines: list[dict[str, Any]], *, title: str = "envhub throughput", width: int = 900,
         panel: int = 220) -> str:
-    """An SVG document: two panels, one ``<polyline data-series=figure>`` per figure (a gap where it was unknown
-    splits it into several), axes with ticks, a legend."""
+    """An SVG document: a panel per :func:`panels`, one ``<polyline data-series=figure>`` per figure (a gap where it
+    was unknown splits it into several), axes with ticks, a legend."""
     s = series(lines)
+    drawn = panels(s)
     left, right, top_pad, gap = 70, 190, 40, 50
     plot_w = width - left - right
-    height = top_pad + 2 * panel + gap + 40
+    height = top_pad + len(drawn) * (panel + gap) + 40 - gap
     span = max((t for t, _ in s.get("production_rate", [])), default=0.0) or 1.0
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
              f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="12">',
              f"<title>{escape(title)}</title>", f'<rect width="{width}" height="{height}" fill="white"/>',
              f'<text x="{left}" y="22" font-size="15" font-weight="bold">{escape(title)}</text>']
-    for n, (name, figs, scale) in enumerate((("rates (samples/s)", RATES, None), ("idle ratio", IDLES, 1.0))):
+    for n, (name, pid, figs, scale, _) in enumerate(drawn):
         y0 = top_pad + n * (panel + gap)
         vals = [v for key, *_ in figs for _, v in s.get(key, []) if v is not None]
         ymax = scale or _top(vals)
-        parts.append(f'<g class="panel" data-panel="{"rates" if scale is None else "idle"}">')
+        parts.append(f'<g class="panel" data-panel="{pid}">')
         parts.append(f'<rect x="{left}" y="{y0}" width="{plot_w}" height="{panel}" fill="none" stroke="#999"/>')
         parts.append(f'<text x="{left}" y="{y0 - 6}" font-weight="bold">{escape(name)}</text>')
         for i in range(5):

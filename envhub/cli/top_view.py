@@ -178,6 +178,7 @@ def render(rows: list[dict[str, Any]], tot: dict[str, Any], *, width: int = 120,
                      f"slot {num(sb.get('waiting'))} ({pct(sb.get('waiting_ratio'))} of the window), init failures "
                      f"{_pairs(sb.get('failures')) or 0}")
         lines.append(f"{p('queue', BOLD)}: " + (_pairs(tot.get("queue")) or "-"))
+        lines += controllers(services, p, width)
         lines += backends(services, tot, p)
         lines += stages(tot, p)
         st, oc = tot.get("staleness") or {}, tot.get("outcomes") or {}
@@ -211,6 +212,25 @@ def wrap(text: str, width: int, indent: str) -> list[str]:
     import textwrap
 
     return textwrap.wrap(text, max(20, width), initial_indent=indent, subsequent_indent=indent + "  ") or [indent]
+
+
+def controllers(services: list[dict[str, Any]], p: Paint, width: int) -> list[str]:
+    """One line per replica whose concurrency controller is on (``envhub serve --controller aimd``)."""
+    out = []
+    for r in services:
+        c = r.get("controller")
+        if not c:
+            continue
+        last = c.get("last") or {}
+        where = f" {_short(r['url'], 30)}" if len(services) > 1 else ""
+        text = (f"limit {c.get('limit')} ({c.get('in_flight')} in flight, ceiling {c.get('ceiling')} by "
+                f"{c.get('ceiling_by')}, {c.get('phase')}), oversampling {num(c.get('oversampling'))}")
+        if last:
+            text += f"; last: {last.get('action')} {last.get('old')} -> {last.get('new')}: {last.get('reason')}"
+        head = p("controller", BOLD) + where + ": "
+        wrapped = wrap(text, width - visible_len(head), "")  # the reason is what says why: wrapped, never cut
+        out += [head + wrapped[0], *wrapped[1:]]
+    return out
 
 
 def _pairs(d: Any) -> str:

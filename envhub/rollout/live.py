@@ -97,6 +97,12 @@ def service_row(status: dict[str, Any]) -> dict[str, Any]:
     row["cancelled"] = outcomes.get("cancelled", 0)
     row["wasted_s"] = sum((tp.get("wasted_s") or {}).values())
     row["partial"] = (tp.get("partial") or {}).get("rollouts", 0)
+    ctl = status.get("controller")
+    if isinstance(ctl, dict):  # `envhub serve --controller aimd`: the limit it sets, what bounds it, its last decision
+        log = ctl.get("log") or []
+        row["controller"] = {**{k: ctl.get(k) for k in ("limit", "in_flight", "ceiling", "ceiling_by", "phase",
+                                                         "oversampling")},
+                             "last": {k: log[-1].get(k) for k in ("action", "old", "new", "reason")} if log else None}
     return row
 
 
@@ -162,6 +168,8 @@ def total(rows: list[dict[str, Any]]) -> dict[str, Any]:
     out["outcomes"] = outcomes
     done = sum(v for k, v in outcomes.items() if k not in ("cancelled", "discarded"))
     out["discard_share"] = outcomes.get("discarded", 0) / done if done else None
+    limits = [r["controller"]["limit"] for r in svc if _num((r.get("controller") or {}).get("limit")) is not None]
+    out["controller_limit"] = sum(limits) if limits else None  # rollouts the controllers allow in flight, in all
     for k in (*GATEWAY_COUNTERS, "sessions", "capacity", "calls_per_s", "errors_per_s"):
         if gws:
             out["gw_" + k] = add(k, gws)

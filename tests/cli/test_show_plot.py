@@ -99,6 +99,30 @@ def test_a_recorder_writes_the_series_and_show_plots_it(service, tmp_path):
     assert "production" in texts and "trainer idle" in texts
 
 
+def test_a_controllers_limit_gets_its_own_panel(tiny_tokenizer, tmp_path):
+    from envhub.service import RolloutService, ServerThread
+    from envhub.service.controller import Knobs
+
+    svc_plugins.register_all()
+    srv = ServerThread(RolloutService(tiny_tokenizer, backends=["golden"], metrics_window_s=30,
+                                      controller=Knobs(start=2, interval_s=0.1)), host="127.0.0.1").start()
+    try:
+        with Recorder(tmp_path, [srv.url], interval_s=0.25):
+            asyncio.run(trainer_and_generator(srv.url, 1.5))
+    finally:
+        srv.stop()
+    lines = read_series(tmp_path)
+    limits = [d["total"]["controller_limit"] for d in lines]
+    assert all(isinstance(n, int) and n >= 1 for n in limits), limits
+    doc = ET.fromstring(plot.svg(lines))
+    assert [g.get("data-panel") for g in doc.iter(SVG + "g")] == ["rates", "idle", "concurrency"]
+    assert len(points(doc, "controller_limit")) == len(lines)
+    assert "concurrency (rollouts)" in "\n".join(plot.text_chart(lines))
+    # without a controller there is no such panel
+    plain = [{**d, "total": {**d["total"], "controller_limit": None}} for d in lines]
+    assert [g.get("data-panel") for g in ET.fromstring(plot.svg(plain)).iter(SVG + "g")] == ["rates", "idle"]
+
+
 def test_a_partial_last_line_is_skipped_and_a_run_without_series_is_one_clear_error(service, tmp_path):
     run = tmp_path / "run"
     rec = Recorder(run, [service.url], interval_s=1.0)

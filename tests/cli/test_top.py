@@ -249,6 +249,23 @@ def test_figures_move_when_load_is_injected(serve):
     assert float(after["prod/s"]) > 0 and after["queue"] == "0"
 
 
+def test_a_service_with_a_controller_shows_its_limit_and_last_decision(serve):
+    from envhub.service.controller import Knobs
+
+    srv = serve(controller=Knobs(start=3, interval_s=0.1), metrics_window_s=30)
+    asyncio.run(load(srv.url, 8, run_s=0.3))
+    deadline = time.monotonic() + 30
+    while not httpx.get(srv.url + "/status", timeout=10).json()["controller"]["log"] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    lines = top(srv.url)
+    ctl = httpx.get(srv.url + "/status", timeout=10).json()["controller"]
+    line = next(ln for ln in lines if ln.startswith("controller: "))
+    assert re.match(r"controller: limit \d+ \(\d+ in flight, ceiling \d+ by \w+", line), line
+    assert f"by {ctl['ceiling_by']}" in line and "; last: " in "\n".join(lines)
+    last = ctl["log"][-1]
+    assert last["action"] in "\n".join(lines)
+
+
 # ---- a gateway replica --------------------------------------------------------------------------------------------
 def test_a_gateway_replica_shows_its_calls(serve, tiny_tokenizer):
     from envhub.backends.scripted import ScriptedBackend
