@@ -44,7 +44,7 @@ class ConcurrencyController:
         self.service = service
         self._auto_max = (knobs or Knobs()).max is None
         self.knobs = self._with_max(knobs or Knobs())
-        self.aimd = AIMD(knobs, self._ceiling())
+        self.aimd = AIMD(self.knobs, self._ceiling())
         self.log: deque[dict[str, Any]] = deque(maxlen=log_size)
         self.counts: dict[tuple[str, str], int] = {}
         self.ticks = 0
