@@ -68,6 +68,7 @@ class Pipeline:
         self.on_finish = on_finish
         self.jobs: dict[str, Job] = {}  # every job not yet finished, by id
         self.running = False
+        self.stopping = False  # stop() is cancelling jobs: nothing new is submitted
         self.counts = {"submitted": 0, "done": 0, "failed": 0, "timeout": 0, "cancelled": 0}
         self._queues: dict[str, asyncio.Queue] = {}
         self._waiting: dict[str, set[Job]] = {s: set() for s in STAGES}  # queued and not discarded
@@ -102,12 +103,15 @@ class Pipeline:
     async def stop(self, reason: str = "the server stopped", grace_s: float = 30.0) -> int:
         """Cancel every job (each answered ``cancelled``), stop the workers, close the sandbox pools and stop every
         sandbox left in the process. Returns how many jobs were cancelled."""
+        # from here no job is submitted: a request the staleness gate admits meanwhile (a cancelled job gave its
+        # lease back) would otherwise start after this list was taken and be cut down mid-stage below
+        self.stopping = True
         jobs = list(self.jobs.values())
         for job in jobs:
             self.cancel(job.id, reason)
         if jobs:
             await asyncio.wait([j.future for j in jobs], timeout=grace_s)
-        self.running = False
+        self.running = self.stopping = False
         for w in self._workers:
             w.cancel()
         await asyncio.gather(*self._workers, return_exceptions=True)
@@ -125,8 +129,8 @@ class Pipeline:
     # ---- jobs ---------------------------------------------------------------------------------------------------
     def submit(self, job: Job) -> None:
         """Queue ``job`` for INIT. Its ``future`` resolves with the result dict when it is finished."""
-        if not self.running:
-            raise RuntimeError("the pipeline is not running")
+        if not self.running or self.stopping:
+            raise RuntimeError("the pipeline is not running" if not self.running else "the pipeline is stopping")
         job.sandboxes = JobSandboxes(self.sandboxes)
         job.episode.log_failures = False  # the pipeline logs each failed job once, with its job id (_run_stage)
         self.jobs[job.id] = job

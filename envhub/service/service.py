@@ -248,7 +248,7 @@ class RolloutService:
                   fingerprint=fp)
         if ignored:
             job.notes["ignored_params"] = ignored
-        if not self.running:  # stopped while this request was being admitted
+        if not self.running or self.pipeline.stopping:  # stopped (or stopping) while this request was admitted
             self._cancel_pending.discard(job_id)
             raise ServiceError(503, "the rollout server is stopped: POST /start first")
         episode.meter = self.metrics

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import http.server
+import json
 import threading
 import time
 from pathlib import Path
@@ -201,6 +202,46 @@ async def test_break_it_a_cap_that_does_not_wait_fails_the_drain_check(serve, mo
     replies, seen, low = await drain_trace(srv)
     assert all(r["critical_error"] is None for r in replies)
     assert drain_violations(seen, 8, low), f"the check passed on a cap that does not hold jobs back: {seen}"
+
+
+async def stop_under_a_gate_backlog(tokenizer) -> tuple[int, int, list]:
+    """12 requests admitted by a gate of 12 (4 running under a cap of 4, 8 waiting for a slot) and 8 more waiting at
+    the gate; then ``stop()``. The cancelled jobs give their leases back while ``stop()`` waits for the running ones to
+    unwind, so the gate admits the 8. Returns the jobs submitted before and after the stop, and the outcomes."""
+    from envhub.rollout.staleness import StalenessGate
+    from envhub.service.schemas import ProcessRequest, ServiceError
+    from envhub.service.service import RolloutService
+
+    svc = RolloutService(tokenizer, backends=["golden"], gate=StalenessGate(max_concurrent=12))
+    await svc.start()
+    svc.pipeline.set_concurrency(4)
+    reqs = [asyncio.ensure_future(svc.process(ProcessRequest(instance={"env_id": "svc-slow", "task": {
+        "task_id": f"st-{i}", "n": i, "run_s": 0.4, "turns": 3}}))) for i in range(20)]
+    deadline = time.monotonic() + 60
+    while svc.pipeline.counts["submitted"] < 12 or svc.pipeline.in_flight < 4:
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.02)
+    before = svc.pipeline.counts["submitted"]
+    await svc.stop()
+    after = svc.pipeline.counts["submitted"]
+    out = await asyncio.gather(*reqs, return_exceptions=True)
+    await svc.shutdown()
+    outcomes = [f"{o.status}" if isinstance(o, ServiceError) else
+                (type(o).__name__ if isinstance(o, BaseException) else json.loads(o)["finish_reason"]) for o in out]
+    return before, after, outcomes
+
+
+async def test_stop_submits_nothing_the_gate_admits_while_it_stops(tiny_tokenizer):
+    before, after, outcomes = await stop_under_a_gate_backlog(tiny_tokenizer)
+    assert (before, after) == (12, 12), outcomes
+    assert sorted(set(outcomes)) == ["503", "cancelled"], outcomes  # none ran to the end, none broke
+
+
+async def test_break_it_without_the_stopping_flag_the_gate_backlog_starts_during_stop(tiny_tokenizer, monkeypatch):
+    # the flag always reads False (and setting it does nothing): the old stop()
+    monkeypatch.setattr(Pipeline, "stopping", property(lambda self: False, lambda self, v: None), raising=False)
+    before, after, outcomes = await stop_under_a_gate_backlog(tiny_tokenizer)
+    assert after > before, f"no admission during stop() without the flag: the check cannot fail ({outcomes})"
 
 
 class MetricsServer(http.server.ThreadingHTTPServer):
