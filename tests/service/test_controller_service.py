@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import http.server
 import json
+import logging
 import threading
 import time
 from pathlib import Path
@@ -301,6 +302,27 @@ async def test_a_smaller_gate_bound_clamps_the_limit_at_the_next_tick(serve):
     assert (d.action, d.new, d.signal) == ("clamp", 3, "ceiling") and "staleness gate" in d.reason
     st = httpx.get(srv.url + "/status").json()
     assert st["concurrency"]["limit"] == 3 and st["controller"]["ceiling_by"] == "staleness gate"
+
+
+async def test_the_oversampling_factor_follows_what_the_trainer_discards(serve, caplog):
+    caplog.set_level(logging.INFO, logger="envhub.service.controller")
+    srv = serve(backends=[Slots(capacity=64, call_s=0.0)], run_workers=8, controller=Knobs(start=8, interval_s=600))
+    ctl = srv.service.controller
+    async with httpx.AsyncClient(base_url=srv.url, timeout=60) as client:
+        replies = await asyncio.gather(*(client.post("/process", json=job(i)) for i in range(8)))
+        assert all(r.status_code == 200 and r.json()["critical_error"] is None for r in replies)
+        srv.call(ctl.tick())
+        assert ctl.aimd.oversampling == 1.2  # everything accepted: only the margin
+        # DAPO's collector reports zero-variance groups as discarded: half of what was produced is not trained
+        r = await client.post("/staleness/report", json={"discarded": 4})
+        assert r.status_code == 200, r.text
+        srv.call(ctl.tick())
+        st = (await client.get("/status")).json()["controller"]
+    assert st["oversampling"] == 2.4 and ctl.last.acceptance == 0.5
+    last = [d for d in st["log"] if d["action"] == "oversample"][-1]
+    assert last["reason"].startswith("acceptance 50%: oversampling 1.2 -> 2.4"), last
+    logged = [r.getMessage() for r in caplog.records if r.name == "envhub.service.controller"]
+    assert any("oversample" in m and "1.2 -> 2.4" in m for m in logged), logged  # the logging module has it too
 
 
 @pytest.mark.timeout(300)  # envhub serve's start-up took 90 s on a loaded machine
