@@ -286,6 +286,19 @@ class RolloutClient:
 
         return list(await asyncio.gather(*(one(s) for s in self.servers)))
 
+    async def pause(self, mode: str = "hold", timeout_s: float | None = None) -> list[dict[str, Any]]:
+        """Stop sampling on every server for a weight update (``POST /pause``); returns once none samples. ``mode``:
+        ``"hold"`` (calls in flight wait and continue under the new weights) or ``"abort"`` (they are re-sent as
+        prompt + partial output after the resume). Rollouts never see either (``docs/async.md``)."""
+        body: dict[str, Any] = {"mode": mode}
+        if timeout_s is not None:
+            body["timeout_s"] = timeout_s
+        return await self._all("POST", "/pause", body)
+
+    async def resume(self, version: int) -> list[dict[str, Any]]:
+        """Let every server sample again, tagging later tokens ``version`` (``POST /resume``)."""
+        return await self._all("POST", "/resume", {"version": int(version)})
+
     async def status(self) -> list[dict[str, Any]]:
         """``GET /status`` of every server."""
         return await self._all("GET", "/status")
