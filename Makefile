@@ -10,7 +10,7 @@ export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup sys-deps demo lint check test test-fast test-core test-trainers test-vllm test-ray test-harness harness-tools bench clean
+.PHONY: setup sys-deps demo learn lint check test test-fast test-core test-trainers test-vllm test-ray test-harness harness-tools bench clean
 
 sys-deps:  ## bubblewrap for the sandboxes (Debian package; we are root on these machines)
 	@command -v bwrap >/dev/null || { export DEBIAN_FRONTEND=noninteractive; \
@@ -30,8 +30,11 @@ setup: sys-deps $(VENV)/.installed
 demo: setup  ## admission + golden rollouts of every shipped env, then SmolLM2 on a few tasks
 	$(BIN)/envhub demo
 
+learn: setup  ## a tiny model learns online through the rollout service: sync, one-step-off, eta=2, eta=4 (minutes)
+	$(BIN)/python examples/online_grpo/run.py --run-dir runs/online-grpo
+
 lint: setup  ## ruff over the tree, mypy over the core contract (pyproject.toml [tool.ruff], [tool.mypy])
-	$(BIN)/ruff check envhub adapters environments tests benchmarks scripts
+	$(BIN)/ruff check envhub adapters environments tests benchmarks scripts examples
 	$(BIN)/mypy
 
 test: setup  ## everything CI runs: lint, registry, every tier; what waits runs at once (scripts/test-all.sh)
