@@ -35,6 +35,7 @@ SCHEDULES = {
     "eta2": dict(eta=2),
     "eta4-naive": dict(eta=4),
     "eta4-decoupled": dict(eta=4, decoupled=True),
+    "eta4-loglinear": dict(eta=4, decoupled=True, prox="loglinear"),
 }
 
 
@@ -103,7 +104,7 @@ def print_report(r: Report, out=sys.stdout) -> None:
     s = r.schedule
     tp = r.throughput
     gen_idle = tp.get("generator_idle_ratio")
-    print(f"\n== {s['name']}  (eta={s['eta']}, {'decoupled' if s['decoupled'] else 'PPO-clip'} loss, "
+    print(f"\n== {s['name']}  (eta={s['eta']}, {'decoupled (' + s['prox'] + ')' if s['decoupled'] else 'PPO-clip'} loss, "
           f"{s['steps']} steps x {s['groups']}x{s['group_size']} samples)", file=out)
     print(f"   wall {r.wall_s:.1f} s   trained {r.trained} samples   {r.samples_per_s:.1f} samples/s   "
           f"trainer idle {r.trainer_idle:.0%}   generator idle "
@@ -124,7 +125,7 @@ async def main(argv: list[str] | None = None) -> list[Report]:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--groups", type=int, default=8)
     ap.add_argument("--group-size", type=int, default=8)
-    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--latency-s", type=float, default=0.3, help="median tool latency (0: no tail)")
     ap.add_argument("--latency-sigma", type=float, default=1.5)
     ap.add_argument("--seed", type=int, default=0)

@@ -38,10 +38,11 @@ class Schedule:
     name: str
     eta: int  # 0 sync, 1 one-step-off, k: up to k versions ahead
     decoupled: bool = False  # AReaL's decoupled PPO loss (else PPO-clip against the behaviour logprobs)
+    prox: str = "recompute"  # the decoupled loss's proximal logprobs: a forward pass, or AReaL's "loglinear"
     steps: int = 30
     groups: int = 8  # informative groups per step
     group_size: int = 8
-    lr: float = 3e-3
+    lr: float = 2e-3
     max_tokens: int = 12  # eight digits and the end of the turn, with room to overrun
     temperature: float = 1.0
     pause_mode: str = "abort"  # "hold" keeps the calls in flight waiting; "abort" re-sends them after the resume
@@ -201,7 +202,8 @@ class OnlineGRPO:
         import torch
 
         from envhub.training import (
-            decoupled_ppo_loss, grpo_advantages, policy_gradient_loss, to_tensors, token_logprobs,
+            decoupled_ppo_loss, grpo_advantages, loglinear_proximal_logprobs, policy_gradient_loss, to_tensors,
+            token_logprobs,
         )
 
         trajs, adv, lags = [], [], []
@@ -225,7 +227,11 @@ class OnlineGRPO:
                              position_ids=batch["position_ids"])
             return token_logprobs(out.logits, batch["input_ids"])
 
-        if self.s.decoupled:
+        if self.s.decoupled and self.s.prox == "loglinear":  # no second forward pass: interpolated from versions
+            logp = logprobs()
+            prox = loglinear_proximal_logprobs(behave, logp.detach(), batch["versions"][:, 1:], self.version)
+            loss = decoupled_ppo_loss(logp, prox, behave, advantages, mask)
+        elif self.s.decoupled:
             with torch.no_grad():
                 prox = logprobs()  # the weights about to be updated: AReaL's proximal policy, recomputed
             loss = decoupled_ppo_loss(logprobs(), prox, behave, advantages, mask)
