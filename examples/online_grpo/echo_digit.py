@@ -14,7 +14,7 @@ right one from the prompt (which a two-layer model must learn to attend to).
 (``latency_s`` is its median, ``latency_sigma`` its shape; both from the task row, so one task set serves a run with
 the tail and one without). With the defaults (median 0.3 s, sigma 1.5) the mean is 0.92 s and one episode in a
 hundred waits more than 9.8 s -- a synchronous trainer waits for the slowest episode of every batch, an asynchronous
-one does not (``../shared/research/async_rl.md``: sandbox and tool latency are what asynchrony hides). The wait is an
+one does not (sandbox and tool latency are what asynchrony hides). The wait is an
 ``asyncio.sleep`` (``blocking = False``): a rollout service runs hundreds of these episodes on one event loop.
 
 Register it in-process (``register(hub)``); it passes envhub's admission like any shipped env (the golden reply
