@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import subprocess
 import sys
 import time
@@ -23,7 +22,7 @@ import pytest
 from envhub.backends.base import BackendError, SamplingParams
 from envhub.backends.openai import OpenAIBackend
 from envhub.backends.pool import BackendPool
-from vllm_server import REPO, VLLMServer, cpu_env, vllm_python
+from vllm_server import REPO, VLLMServer, cpu_env, require_vllm_tier, vllm_python
 
 # one worker per module under pytest-xdist: its vLLM server (a module fixture) starts once, not once per worker
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900), pytest.mark.xdist_group(__name__)]
@@ -35,15 +34,7 @@ TOL = 1e-4
 def vllm_ready(request):
     """Run only when asked (``ENVHUB_REQUIRE_VLLM=1`` or ``-m vllm``): the tier takes minutes, the default suite
     must stay lean even on a machine where ``.venv-vllm`` exists."""
-    required = os.environ.get("ENVHUB_REQUIRE_VLLM") == "1"
-    markexpr = request.config.getoption("markexpr", "") or ""
-    if not required and not ("vllm" in markexpr and "not vllm" not in markexpr):
-        pytest.skip("the vllm tier runs with `make test-vllm` (ENVHUB_REQUIRE_VLLM=1) or `pytest -m vllm`")
-    if not vllm_python().exists():
-        msg = f"no vLLM virtualenv at {vllm_python().parent.parent}: run scripts/setup-vllm.sh"
-        if required:
-            pytest.fail(msg)
-        pytest.skip(msg)
+    require_vllm_tier(request)
 
 
 @pytest.fixture(scope="module")

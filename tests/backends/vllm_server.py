@@ -23,6 +23,22 @@ def vllm_python() -> Path:
     return VENV / "bin" / "python"
 
 
+def require_vllm_tier(request) -> None:
+    """Skip unless the vLLM tier was asked for (``ENVHUB_REQUIRE_VLLM=1`` or ``-m vllm``): it takes minutes, and the
+    default suite stays lean even where ``.venv-vllm`` exists. Asked for and no virtualenv: a failure, not a skip."""
+    import pytest
+
+    required = os.environ.get("ENVHUB_REQUIRE_VLLM") == "1"
+    markexpr = request.config.getoption("markexpr", "") or ""
+    if not required and not ("vllm" in markexpr and "not vllm" not in markexpr):
+        pytest.skip("the vllm tier runs with `make test-vllm` (ENVHUB_REQUIRE_VLLM=1) or `pytest -m vllm`")
+    if not vllm_python().exists():
+        msg = f"no vLLM virtualenv at {vllm_python().parent.parent}: run scripts/setup-vllm.sh"
+        if required:
+            pytest.fail(msg)
+        pytest.skip(msg)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

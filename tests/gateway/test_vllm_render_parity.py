@@ -16,7 +16,6 @@ Runs with the tier (``make test-vllm``, ``ENVHUB_REQUIRE_VLLM=1``, or ``pytest -
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import sys
 import urllib.request
@@ -31,7 +30,7 @@ from envhub.env import Action
 from envhub.gateway import Gateway, GatewayThread
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "backends"))
-from vllm_server import VLLMServer, vllm_python  # noqa: E402
+from vllm_server import VLLMServer, require_vllm_tier, vllm_python  # noqa: E402
 
 # one worker per module under pytest-xdist: its vLLM server (a module fixture) starts once, not once per worker
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900), pytest.mark.xdist_group(__name__)]
@@ -55,15 +54,7 @@ class RenderServer(VLLMServer):
 
 @pytest.fixture(scope="module")
 def vllm_ready(request):
-    required = os.environ.get("ENVHUB_REQUIRE_VLLM") == "1"
-    markexpr = request.config.getoption("markexpr", "") or ""
-    if not required and not ("vllm" in markexpr and "not vllm" not in markexpr):
-        pytest.skip("the vllm tier runs with `make test-vllm` (ENVHUB_REQUIRE_VLLM=1) or `pytest -m vllm`")
-    if not vllm_python().exists():
-        msg = f"no vLLM virtualenv at {vllm_python().parent.parent}: run scripts/setup-vllm.sh"
-        if required:
-            pytest.fail(msg)
-        pytest.skip(msg)
+    require_vllm_tier(request)
 
 
 def smollm2_template_model(tmp: Path) -> Path:

@@ -6,7 +6,6 @@ and cuts the limit on the queue."""
 from __future__ import annotations
 
 import asyncio
-import os
 import sys
 import time
 from pathlib import Path
@@ -17,7 +16,7 @@ import pytest
 from envhub.service.controller import Knobs
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "backends"))
-from vllm_server import VLLMServer, vllm_python  # noqa: E402
+from vllm_server import VLLMServer, require_vllm_tier  # noqa: E402
 
 # one worker for the module under pytest-xdist: its vLLM server starts once
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900), pytest.mark.xdist_group(__name__)]
@@ -31,15 +30,7 @@ class TwoSeqServer(VLLMServer):
 @pytest.fixture(scope="module")
 def vllm(request, tmp_path_factory):
     """Run only when asked (``ENVHUB_REQUIRE_VLLM=1`` or ``-m vllm``), as the other vLLM tier tests."""
-    required = os.environ.get("ENVHUB_REQUIRE_VLLM") == "1"
-    markexpr = request.config.getoption("markexpr", "") or ""
-    if not required and not ("vllm" in markexpr and "not vllm" not in markexpr):
-        pytest.skip("the vllm tier runs with `make test-vllm` (ENVHUB_REQUIRE_VLLM=1) or `pytest -m vllm`")
-    if not vllm_python().exists():
-        msg = f"no vLLM virtualenv at {vllm_python().parent.parent}: run scripts/setup-vllm.sh"
-        if required:
-            pytest.fail(msg)
-        pytest.skip(msg)
+    require_vllm_tier(request)
     from envhub.testing.models import build_tiny_model
 
     model = build_tiny_model(tmp_path_factory.mktemp("vllm-ctl"), template="chatml", seed=0)
