@@ -205,12 +205,13 @@ def create_app(service: Any, *, token: str | None = None, autostart: bool = True
     @app.post("/trainer/step")
     async def trainer_step(body: dict[str, Any] | None = Body(default=None)) -> dict[str, Any]:
         """The trainer's step boundary: ``{"phase": "begin"}`` when it has its batch and starts computing,
-        ``{"phase": "end", "samples": n}`` when the step (weight broadcast included) is done."""
+        ``{"phase": "end", "samples": n}`` when the step (weight broadcast included) is done; ``at``: when, in Unix
+        seconds (a report that reaches a busy server late is then not counted as trainer idle)."""
         body = body or {}
-        unknown = sorted(set(body) - {"phase", "samples"})
+        unknown = sorted(set(body) - {"phase", "samples", "at"})
         if unknown:
-            raise ServiceError(422, f"unknown field(s) {unknown}: send {{phase: begin|end, samples?: int}}")
-        return service.trainer_step(body.get("phase"), body.get("samples"))
+            raise ServiceError(422, f"unknown field(s) {unknown}: send {{phase: begin|end, samples?: int, at?: float}}")
+        return service.trainer_step(body.get("phase"), body.get("samples"), body.get("at"))
 
     @app.get("/metrics")
     async def metrics() -> Response:

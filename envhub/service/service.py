@@ -544,12 +544,13 @@ class RolloutService:
                 "sandboxes": {"live": sb["live"], "limit": sb["limit"], "waiting": sb["waiting"]},
                 "backends": backends}
 
-    def trainer_step(self, phase: str, samples: int | None = None) -> dict[str, Any]:
-        """The trainer's step boundary (``POST /trainer/step``): idle ratios and consumption come from these."""
+    def trainer_step(self, phase: str, samples: int | None = None, at: float | None = None) -> dict[str, Any]:
+        """The trainer's step boundary (``POST /trainer/step``): idle ratios and consumption come from these
+        (``at``: when it happened, Unix seconds; see :meth:`Throughput.trainer_step`)."""
         if self.metrics is None:
             raise ServiceError(409, "metrics are off on this server (RolloutService(metrics=False))")
         try:
-            return self.metrics.trainer_step(phase, samples)
+            return self.metrics.trainer_step(phase, samples, at)
         except ValueError as e:
             raise ServiceError(422, str(e)) from None
 

@@ -338,8 +338,10 @@ class RolloutClient:
             samples = None if samples is None else {s.url: samples // n + (i < samples % n)
                                                     for i, s in enumerate(self.servers)}
 
+        at = time.time()  # the boundary is now, however late a busy server reads the report
+
         async def one(s: _Server) -> Any:
-            body: dict[str, Any] = {"phase": phase}
+            body: dict[str, Any] = {"phase": phase, "at": at}
             if samples is not None:
                 body["samples"] = int(samples.get(s.url, 0))
             status, data = await self._call(s, "POST", "/trainer/step", body)
