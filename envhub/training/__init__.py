@@ -24,7 +24,7 @@ from envhub.training.advantages import (
 )
 
 __all__ = [
-    "DAPOCollector", "RolloutClient", "aggregate_loss", "dapo_filter", "dapo_keep", "dr_grpo_advantages", "group_indices", "group_keys",
+    "DAPOCollector", "RolloutClient", "TooManyGroups", "aggregate_loss", "dapo_filter", "dapo_keep", "dr_grpo_advantages", "group_indices", "group_keys",
     "grpo_advantages", "policy_gradient_loss", "rloo_advantages", "to_tensors", "token_logprobs",
     "Rejection", "behave_rejection", "decoupled_ppo_loss", "loglinear_proximal_logprobs",
     "divergence_rejection_mask", "icepop_weights", "is_weights", "ratio_rejection_mask", "seq_mask_tis_weights",
@@ -36,6 +36,7 @@ _LAZY = {
     "IGNORE_INDEX": "envhub.training.tensors",
     "aggregate_loss": "envhub.training.loss", "policy_gradient_loss": "envhub.training.loss",
     "RolloutClient": "envhub.training.client", "DAPOCollector": "envhub.training.dapo",
+    "TooManyGroups": "envhub.training.dapo",
     **{name: "envhub.training.decoupled" for name in (
         "Rejection", "behave_rejection", "decoupled_ppo_loss", "loglinear_proximal_logprobs")},
     **{name: "envhub.training.offpolicy" for name in (

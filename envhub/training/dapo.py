@@ -53,6 +53,16 @@ def _accepted(t: Any) -> bool:
     return bool(getattr(t, "ok", False)) and (t.details.get("staleness") or {}).get("verdict", "fresh") == "fresh"
 
 
+class TooManyGroups(RuntimeError):
+    """``collect`` saw ``max_groups`` groups finish without finding enough informative ones (verl's
+    ``max_num_gen_batches``): the prompts are too hard or too easy for the policy, or it has collapsed (every sample of
+    a prompt alike). ``groups`` holds the informative groups found so far: nothing is lost."""
+
+    def __init__(self, message: str, groups: list[Group], stats: dict[str, int]):
+        super().__init__(message)
+        self.groups, self.stats = groups, stats
+
+
 @dataclass
 class Group:
     """One prompt's samples, once complete."""
@@ -133,8 +143,17 @@ class DAPOCollector:
                       "failed_groups": 0, "stale_groups": 0, "carried_groups": 0, "discarded": 0}
 
     # ---- the loop -------------------------------------------------------------------------------------------------
-    async def collect(self, n_groups: int, *, policy_version: Any = None) -> list[Group]:
-        """Return ``n_groups`` informative groups (fewer only if the prompts ran out)."""
+    async def collect(self, n_groups: int, *, policy_version: Any = None,
+                      max_groups: int | None = None) -> list[Group]:
+        """Return ``n_groups`` informative groups (fewer only if the prompts ran out).
+
+        ``max_groups``: raise :class:`TooManyGroups` once this many groups finished in this call without reaching
+        ``n_groups`` (verl's ``max_num_gen_batches``, counted in groups; ``None``: keep sampling, as DAPO does). A
+        policy whose samples of one prompt are all alike makes every group zero-variance, and without a bound the
+        collector resubmits forever (the online example once ran 16,000 groups at one step)."""
+        if max_groups is not None and (isinstance(max_groups, bool) or not isinstance(max_groups, int)
+                                       or max_groups < n_groups):
+            raise ValueError(f"max_groups must be an integer >= n_groups ({n_groups}), got {max_groups!r}")
         if self._done is None:
             self._done = asyncio.Queue()
         self._version = policy_version
@@ -142,6 +161,7 @@ class DAPOCollector:
             await self._report(version=policy_version)
         await self._drop_stale()
         accepted: list[Group] = []
+        ended = self._groups_ended()
         self._fill()
         while len(accepted) < n_groups:
             if not self._tasks and self._done.empty():
@@ -150,11 +170,22 @@ class DAPOCollector:
             group = self._record(key, k, outcome)
             if group is not None:
                 accepted.append(group)
+            elif max_groups is not None and self._groups_ended() - ended >= max_groups - len(accepted):
+                self.stats["accepted"] += len(accepted)
+                raise TooManyGroups(
+                    f"{max_groups} groups finished and only {len(accepted)} of the {n_groups} asked for had reward "
+                    f"variance ({self.stats['zero_variance']} zero-variance, {self.stats['failed_groups']} failed so "
+                    f"far): the prompts are too hard or too easy for this policy, or it has collapsed; raise "
+                    f"max_groups, or check the reward and the sampling temperature", accepted, dict(self.stats))
             if len(accepted) < n_groups:
                 self._fill()
         await self._trim(n_groups if self.carry_groups is None else self.carry_groups)
         self.stats["accepted"] += len(accepted)
         return accepted
+
+    def _groups_ended(self) -> int:
+        """Groups that finished without being kept (zero-variance, failed) or were kept: the oversampling count."""
+        return self.stats["zero_variance"] + self.stats["failed_groups"] + self.stats["accepted"]
 
     def _fill(self) -> None:
         while not self._exhausted and len(self._tasks) + self.group_size <= self.max_inflight:

@@ -153,7 +153,7 @@ class OnlineGRPO:
         self.on_step: Any = None  # called with each StepLog (progress output)
 
     async def run(self) -> Report:
-        from envhub.training import DAPOCollector, RolloutClient
+        from envhub.training import DAPOCollector, RolloutClient, TooManyGroups
 
         s = self.s
         async with RolloutClient(self.url) as raw:
@@ -171,7 +171,13 @@ class OnlineGRPO:
             try:
                 for step in range(s.steps):
                     w0 = time.monotonic()
-                    groups = await collector.collect(s.groups, policy_version=self.version)
+                    try:  # a collapsed policy (every sample of a prompt alike) would make DAPO resample forever
+                        groups = await collector.collect(s.groups, policy_version=self.version,
+                                                         max_groups=20 * s.groups)
+                    except TooManyGroups as e:
+                        if not e.groups:
+                            raise
+                        groups = e.groups  # train on the informative groups it found
                     waited = time.monotonic() - w0
                     t1 = time.monotonic()
                     # the step boundary is a report, not a handshake: the trainer does not wait for a busy server

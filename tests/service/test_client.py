@@ -170,3 +170,23 @@ async def test_dapo_drops_stale_groups_and_stops_when_prompts_run_out(serve):
         few = DAPOCollector(c, coin_prompts(3, p=1.0), group_size=2, max_inflight=8)
         assert await few.collect(5) == []  # every group solved: no variance; and only 3 prompts
         assert few.stats["zero_variance"] == 3
+
+
+async def test_dapo_gives_up_after_max_groups_and_keeps_what_it_found(serve):
+    """A policy whose samples all score alike (here: a coin that never lands) makes every group zero-variance; with
+    ``max_groups`` the collector raises a clear error after that many groups instead of resubmitting forever, and hands
+    back the informative groups it did find."""
+    from envhub.training.dapo import TooManyGroups
+
+    srv = serve()
+    async with RolloutClient(srv.url) as c:
+        dapo = DAPOCollector(c, coin_prompts(400, p=0.0, run_s=0.0, solved_first=0), group_size=2, max_inflight=8)
+        with pytest.raises(ValueError, match="max_groups"):
+            await dapo.collect(3, max_groups=2)
+        with pytest.raises(TooManyGroups, match="6 groups finished and only 0 of the 3") as e:
+            await dapo.collect(3, max_groups=6)
+        assert e.value.groups == [] and e.value.stats["zero_variance"] >= 6
+        # the attack on the bound: without it the same call never returns
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(dapo.collect(3), timeout=3.0)
+        await dapo.close()
