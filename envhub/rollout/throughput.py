@@ -40,6 +40,7 @@ LAG_BUCKETS = (0.0, 1.0, 2.0, 3.0, 4.0, 8.0, 16.0, 32.0)
 STAGES = ("queue", "init", "run", "eval", "model_call", "tool_call")
 IDLE = 0.25  # a side idle more than a quarter of the window is waiting for the other
 TOLERANCE = 0.25  # both sides idle: capacities within 25 % of each other are balanced
+SERIAL = 0.5  # balanced, yet both idle more than half the window: "serialized" (each waits for the other)
 MIN_SAMPLES, MIN_STEPS = 4, 2  # fewer finished rollouts or trainer steps in the window: "unknown"
 FAILED = {"error", "timeout"}
 
@@ -390,7 +391,8 @@ def bound(s: dict[str, Any]) -> dict[str, Any]:
     ``IDLE`` of the window while the generator is not: the **generator** is the bottleneck (the trainer waits for
     it); the reverse: the **trainer**; neither: ``balanced``. Both idle (a staleness bound that holds the generator
     back while the trainer waits for stragglers): the capacity ratio (trainer ÷ generator) decides, above
-    ``1 + TOLERANCE`` generator, below its inverse trainer, else balanced. A generator-bound verdict is narrowed:
+    ``1 + TOLERANCE`` generator, below its inverse trainer, else balanced -- named ``serialized`` when both are idle
+    more than ``SERIAL`` of the window (a synchronous trainer). A generator-bound verdict is narrowed:
     ``sandboxes`` when INITs waited for a sandbox slot a quarter of the time or a tenth of sandbox starts failed,
     ``backend:<name>`` when model calls are at least half of RUN time (the backend with the most call-seconds),
     else ``generator``. Fewer than ``MIN_SAMPLES`` rollouts or ``MIN_STEPS`` trainer steps in the window:
@@ -426,6 +428,11 @@ def bound(s: dict[str, Any]) -> dict[str, Any]:
         side = name = "trainer"
     else:
         side = name = "balanced"
+        if ti > SERIAL and gi > SERIAL:
+            name = "serialized"
+            why += ("; both sides idle most of the time with matched capacities: each waits for the other (a "
+                    "synchronous schedule, or a staleness bound too tight for the rollout latency): a larger eta or "
+                    "more rollouts in flight would overlap them")
     return {"bound": name, "side": side, "ratio": ratio, "why": why, **fig}
 
 

@@ -309,6 +309,10 @@ def test_bound_arithmetic_on_exact_timelines():
     assert scripted_run(0.5, 0.5, failures=30)["bound"]["bound"] == "sandboxes"
     matched = scripted_run(trainer_step_s=1.0, gap_s=0.0)
     assert matched["bound"]["side"] == "balanced", matched["bound"]
+    assert matched["bound"]["bound"] == "balanced", matched["bound"]
+    # a synchronous schedule: each side idle 75 % waiting for the other, capacities matched (4/s and 4/s)
+    serial = scripted_run(1.0, 3.0, gen_gap_s=3.0)["bound"]
+    assert (serial["side"], serial["bound"]) == ("balanced", "serialized"), serial
     # both wait (a tight staleness bound): the capacities decide
     assert scripted_run(0.5, 0.5, gen_gap_s=1.0)["bound"]["side"] == "generator"  # 8/s vs 4/s
     assert scripted_run(4.0, 1.0, gen_gap_s=1.0)["bound"]["side"] == "trainer"  # 1/s vs 4/s
