@@ -97,7 +97,7 @@ class Paint:
         return "".join(codes) + text + RESET if self.color and codes else text
 
     def idle(self, x: Any) -> str:
-        """An idle ratio: red above a quarter (that side waits: throughput.IDLE), yellow above a tenth."""
+        """An idle ratio: red above a quarter (that side waits: bottleneck.IDLE), yellow above a tenth."""
         cell = f"{bar(x, marks=self.marks)} {pct(x):>4}"
         if x is None:
             return cell

@@ -20,13 +20,13 @@ How the whole is summed, and why (each one a sum where the figure adds up, never
   the same queue, a sum would count it once per replica);
 * stage quantiles and staleness: the worst replica's (quantiles of different replicas cannot be merged from their
   summaries; the worst is what a person hunting a straggler wants);
-* ``bound``: :func:`envhub.rollout.throughput.bound` over the summed figures, the same rule each replica applies.
+* ``bound``: :func:`envhub.rollout.bottleneck.bound` over the summed figures, the same rule each replica applies.
 """
 from __future__ import annotations
 
 from typing import Any
 
-from envhub.rollout.throughput import bound as bound_of
+from envhub.rollout.bottleneck import bound as bound_of
 
 RATES = ("production_rate", "effective_production_rate", "consumption_rate", "trainer_capacity",
          "generator_capacity")
@@ -194,7 +194,7 @@ def _worst(per: list[dict[str, dict[str, Any]]], keys: tuple[str, ...]) -> dict[
 
 
 def _bound(t: dict[str, Any]) -> dict[str, Any]:
-    """The verdict over the summed figures, by the rule every replica applies (``throughput.bound``)."""
+    """The verdict over the summed figures, by the rule every replica applies (``bottleneck.bound``)."""
     # RUN seconds of the whole (call-seconds are compared with them): the count-weighted mean, not the worst
     stages = {name: {"count": q["count"], "mean": q["mean"] or 0.0} for name, q in t["stages"].items()}
     snap = {k: t.get(k) for k in (*RATES, "acceptance", "trainer_idle_ratio", "generator_idle_ratio",
