@@ -328,6 +328,16 @@ class RolloutClient:
             raise RolloutClientError(f"{server}/staleness/report answered {status}: {detail}", status, detail)
         return [data]
 
+    async def configure_staleness(self, **settings: Any) -> list[dict[str, Any]]:
+        """Set every server's staleness gate (``POST /staleness``): ``max_staleness`` (eta; ``None``: unbounded),
+        ``batch_size``, ``max_concurrent``, ``mode``, ``token_max_staleness``, ``replicas``, ``replica``,
+        ``admission_timeout_s``. Returns each gate's status."""
+        return await self._all("POST", "/staleness", settings)
+
+    async def staleness(self) -> list[dict[str, Any]]:
+        """Every server's staleness gate (``GET /staleness``)."""
+        return await self._all("GET", "/staleness")
+
     async def trainer_step(self, phase: str, samples: int | dict[str, int] | None = None) -> list[dict[str, Any]]:
         """Tell every server a step boundary (``POST /trainer/step``), so its ``/status`` can say whether the trainer
         or the generator is the bottleneck: ``"begin"`` once the batch is in hand and compute starts, ``"end"`` once

@@ -84,7 +84,7 @@ async def run_schedule(schedule: Schedule, model_path: Path, *, latency_s: float
                 recorder.stop()
         report.eval_before = before
         async with RolloutClient(srv.url) as client:  # the held-out evaluation is not the trainer's: no bound on it
-            await client._all("POST", "/staleness", {"max_staleness": None})
+            await client.configure_staleness(max_staleness=None)
         report.eval_after = await evaluate(srv.url, eval_instances, max_tokens=schedule.max_tokens)
     return report
 

@@ -157,7 +157,7 @@ class OnlineGRPO:
 
         s = self.s
         async with RolloutClient(self.url) as raw:
-            await raw._all("POST", "/staleness", {"max_staleness": s.eta, "batch_size": s.batch, "mode": "pace"})
+            await raw.configure_staleness(max_staleness=s.eta, batch_size=s.batch, mode="pace")
             t0 = time.monotonic()
             client = RecordingClient(raw, t0)
             # asynchronous: enough jobs outstanding that the gate, not the client, decides what runs ((eta + 1)
@@ -199,7 +199,7 @@ class OnlineGRPO:
             finally:
                 await collector.close()
             status = (await raw.status())[0]
-            gate = (await raw._all("GET", "/staleness"))[0]
+            gate = (await raw.staleness())[0]
         return Report(asdict(s), wall, steps, client.samples, dict(collector.stats), gate,
                       status.get("throughput") or {})
 
