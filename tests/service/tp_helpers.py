@@ -85,7 +85,7 @@ def mean_of(fams: dict[str, Any], family: str, **labels: str) -> float:
 
 
 async def simulate(url: str, *, factor: float, concurrency: int = 4, batch: int = 2, cap: int = 8,
-                   warm_s: float = 2.5, window_s: float = 6.0) -> dict[str, Any]:
+                   warm_s: float = 2.5, window_s: float = 6.0, sleep: float = 0.3) -> dict[str, Any]:
     """A generator (``concurrency`` workers feeding a buffer of at most ``cap`` samples) and a trainer taking
     ``batch`` samples per step whose step lasts ``batch / (factor x production)`` seconds.
 
@@ -96,7 +96,9 @@ async def simulate(url: str, *, factor: float, concurrency: int = 4, batch: int 
     load moves the generator's speed by 2x within seconds, so a calibration made once drifts off. Every request and step is
     logged with this process's monotonic clock; the ground-truth idle ratios come from those logs over the same
     window: the trainer's is the time between its steps, the generator's its unused slots (1 - request-seconds
-    in flight / (concurrency x window)), the definitions docs/metrics.md gives."""
+    in flight / (concurrency x window)), the definitions docs/metrics.md gives. Each rollout's tool call sleeps
+    ``sleep`` seconds: the client's request-seconds include the HTTP round trip the server cannot see (10-15 ms on a
+    loaded 2-core host), a bias of 5 points on 0.25 s rollouts that this halves."""
     rate: float | None = None
     buffer: list[dict] = []
     outstanding = [0]
@@ -116,7 +118,7 @@ async def simulate(url: str, *, factor: float, concurrency: int = 4, batch: int 
                     outstanding[0] += 1
                 entry = [time.monotonic(), None]  # logged when sent: one still in flight at the query counts
                 requests.append(entry)
-                r = await client.post("/process", json=hold(1000 * i + n))
+                r = await client.post("/process", json=hold(1000 * i + n, sleep))
                 entry[1] = time.monotonic()
                 n += 1
                 assert r.status_code == 200 and r.json()["critical_error"] is None, r.text
@@ -160,11 +162,14 @@ async def simulate(url: str, *, factor: float, concurrency: int = 4, batch: int 
                     await cond.wait_for(lambda: len(buffer) >= batch)
                     del buffer[:batch]
                     cond.notify_all()
-                tb = time.monotonic()
-                (await client.post("/trainer/step", json={"phase": "begin"})).raise_for_status()
+                # each boundary carries when it happened ('at', as RolloutClient sends it): a busy host reads a
+                # request late, and the trainer's idle ratio is the trainer's, not the server's reading delay
+                tb, at = time.monotonic(), time.time()
+                (await client.post("/trainer/step", json={"phase": "begin", "at": at})).raise_for_status()
                 await asyncio.sleep(step_s)
-                te = time.monotonic()
-                (await client.post("/trainer/step", json={"phase": "end", "samples": batch})).raise_for_status()
+                te, at = time.monotonic(), time.time()
+                (await client.post("/trainer/step", json={"phase": "end", "samples": batch, "at": at})
+                 ).raise_for_status()
                 steps.append((tb, te))
             t_query = time.monotonic()
             status = (await client.get("/status")).json()
