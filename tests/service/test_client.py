@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import socket
 
 import pytest
@@ -190,3 +191,57 @@ async def test_dapo_gives_up_after_max_groups_and_keeps_what_it_found(serve):
         with pytest.raises(asyncio.TimeoutError):
             await asyncio.wait_for(dapo.collect(3), timeout=3.0)
         await dapo.close()
+
+
+async def run_following(srv, versions: int = 6) -> tuple[DAPOCollector, list[tuple[float | None, int]], dict]:
+    async with RolloutClient(srv.url) as c:
+        dapo = DAPOCollector(c, coin_prompts(4000, run_s=0.0), group_size=2, max_inflight=64, follow_controller=True)
+        seen = []
+        for v in range(versions):
+            await dapo.collect(4, policy_version=v)
+            seen.append((dapo.oversampling, dapo.inflight))
+        ctl = (await c.status())[0]["controller"]
+        await dapo.close()
+    return dapo, seen, ctl
+
+
+def check_follows(dapo: DAPOCollector, seen: list, ctl: dict) -> None:
+    # coin flips at p = 0.5 in pairs: half the groups have no variance, the trainer keeps about half of the samples,
+    # and the controller's factor (margin 1.2 / acceptance) says launch about 2.4x the groups needed
+    # (compared with a factor the controller published: it may move again between the collector's read and ours)
+    published = {d["oversampling"] for d in ctl["log"]}
+    assert dapo.oversampling in published and 1.6 <= dapo.oversampling <= 4.0, (seen, published)
+    assert dapo.inflight == min(64, math.ceil(4 * dapo.oversampling - 1e-9) * 2), seen
+    assert seen[0][1] <= 10 < dapo.inflight, seen  # the first call ran at the cold factor (1.0-1.2), later ones grew
+
+
+@pytest.mark.timeout(120)
+async def test_dapo_sizes_its_inflight_groups_by_the_controllers_oversampling_factor(serve):
+    from envhub.service.controller import Knobs
+
+    srv = serve(run_workers=8, controller=Knobs(start=8, interval_s=0.1))
+    check_follows(*await run_following(srv))
+
+
+@pytest.mark.timeout(120)
+async def test_break_it_a_collector_that_ignores_the_factor_fails_the_check(serve, monkeypatch, caplog):
+    from envhub.service.controller import Knobs
+
+    async def ignore(self, n_groups):
+        return None
+
+    monkeypatch.setattr(DAPOCollector, "_follow_controller", ignore)
+    srv = serve(run_workers=8, controller=Knobs(start=8, interval_s=0.1))
+    with pytest.raises(AssertionError):
+        check_follows(*await run_following(srv, versions=3))
+    monkeypatch.undo()
+    # a server without a controller: max_inflight stays in force, and the collector says why, once
+    plain = serve(run_workers=8)
+    async with RolloutClient(plain.url) as c:
+        dapo = DAPOCollector(c, coin_prompts(400, run_s=0.0), group_size=2, max_inflight=12, follow_controller=True)
+        await dapo.collect(2, policy_version=0)
+        await dapo.collect(2, policy_version=1)
+        await dapo.close()
+    assert dapo.inflight == 12 and dapo.oversampling == 0.0
+    warned = [r.getMessage() for r in caplog.records if "no server runs a controller" in r.getMessage()]
+    assert len(warned) == 1, warned
