@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import itertools
+import logging
 import socket
 import time
 import uuid
@@ -33,6 +34,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 RETRY_STATUSES = {502, 503, 504}
+log = logging.getLogger(__name__)
 MAX_OPENING = 256
 """Connections opened at once. Thousands of simultaneous connects overflow a listener's accept queue (Linux:
 ``net.core.somaxconn``, ``tcp_max_syn_backlog``); the dropped SYNs are retried after 1, 3, 7, 15... s, which stalled
@@ -78,6 +80,7 @@ class _Server:
     in_flight: int = 0
     down_until: float = 0.0
     sent: int = 0
+    sends_at: bool = True  # False once the server refused ``at`` in a step report (an envhub before 2026-11-27)
 
 
 def local_addresses() -> set[str]:
@@ -351,10 +354,16 @@ class RolloutClient:
         at = time.time()  # the boundary is now, however late a busy server reads the report
 
         async def one(s: _Server) -> Any:
-            body: dict[str, Any] = {"phase": phase, "at": at}
+            body: dict[str, Any] = {"phase": phase}
             if samples is not None:
                 body["samples"] = int(samples.get(s.url, 0))
-            status, data = await self._call(s, "POST", "/trainer/step", body)
+            status, data = await self._call(s, "POST", "/trainer/step", {**body, "at": at} if s.sends_at else body)
+            if status == 422 and s.sends_at and "'at'" in str(data.get("detail") if isinstance(data, dict) else data):
+                # an older server that knows no ``at``: send the report as it expects, timed on arrival from now on
+                s.sends_at = False
+                log.warning("%s does not take 'at' in step reports (an older envhub): its trainer idle ratio counts "
+                            "the time a report takes to arrive", s.url)
+                status, data = await self._call(s, "POST", "/trainer/step", body)
             if status != 200:
                 detail = data.get("detail") if isinstance(data, dict) else data
                 raise RolloutClientError(f"{s.url}/trainer/step answered {status}: {detail}", status, detail)

@@ -84,3 +84,46 @@ async def test_the_client_sends_at_and_a_bad_at_is_a_422(serve):
         r = await c.post("/trainer/step", json={"phase": "begin", "at": "yesterday"})
         assert r.status_code == 422 and "Unix time" in r.text
     await asyncio.sleep(0)
+
+
+class OlderServer:
+    """A stand-in for an envhub server from before ``at`` (named as such: the old code is not shipped any more),
+    answering ``POST /trainer/step`` exactly as it did -- 422 ``unknown field(s) ['at']`` -- on loopback."""
+
+    def __init__(self):
+        self.bodies: list[dict] = []
+
+    async def start(self) -> str:
+        import json as _json
+
+        async def handle(reader, writer):
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = int(next(v for k, v in (line.split(b":", 1) for line in head.split(b"\r\n")[1:] if b":" in line)
+                              if k.strip().lower() == b"content-length"))
+            body = _json.loads(await reader.readexactly(length))
+            self.bodies.append(body)
+            unknown = sorted(set(body) - {"phase", "samples"})
+            status, reply = ((422, {"detail": f"unknown field(s) {unknown}: send {{phase: begin|end, samples?: int}}"})
+                             if unknown else (200, {"phase": body["phase"], "steps": 0, "consumed": 0}))
+            data = _json.dumps(reply).encode()
+            writer.write(f"HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {len(data)}\r\n"
+                         f"connection: close\r\n\r\n".encode() + data)
+            await writer.drain()
+            writer.close()
+
+        self.server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+
+async def test_an_older_server_that_refuses_at_gets_the_report_without_it(caplog):
+    from envhub.training.client import RolloutClient
+
+    old = OlderServer()
+    url = await old.start()
+    async with RolloutClient(url, retries=0) as c:
+        await c.trainer_step("begin")
+        await c.trainer_step("end", samples=4)
+    old.server.close()
+    # the first report is refused once, resent without 'at'; the client remembers and sends the next one plain
+    assert [sorted(b) for b in old.bodies] == [["at", "phase"], ["phase"], ["phase", "samples"]], old.bodies
+    assert sum("does not take 'at'" in r.getMessage() for r in caplog.records) == 1
