@@ -18,35 +18,20 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections import OrderedDict
 from typing import Any
 
 from envhub.backends.lifecycle import LifecycleError, WeightLifecycle, lifecycle_of
-from envhub.service.errors import log
+from envhub.service.gate_admission import GateAdmission
 from envhub.service.jobs import Job, PhaseTimer, ResultCache, encode_result
 from envhub.service.pipeline import Pipeline
 from envhub.service.sandboxes import SandboxProvider
 from envhub.rollout.request import RequestError, RolloutRequest, TaskIndex, TaskNotFound
-from envhub.rollout.staleness import GateError, Lease, NoCapacity, StalenessGate
+from envhub.rollout.staleness import GateError, NoCapacity, StalenessGate
 from envhub.rollout.throughput import Throughput
 from envhub.service.schemas import ProcessRequest, ServiceError, fingerprint
+from envhub.service.status import ServiceStatus
 
-GROUP_CLAIM_S = 5.0  # a group's members are sent together: a lease none claimed by then is given back
-
-
-class GroupAdmission:
-    """The leases of one group (jobs sharing ``instance.group_id``), admitted at once when its first member
-    arrives, handed to its members as they arrive."""
-
-    def __init__(self, size: int):
-        self.size = size
-        self.members: set[str] = set()
-        self.task: asyncio.Future | None = None
-        self.leases: list[Lease] | None = None  # admitted and not yet claimed
-        self.gone = 0  # members cancelled before they got a lease
-
-
-class RolloutService:
+class RolloutService(ServiceStatus):
     """The rollout lifecycle behind the HTTP API.
 
     Args:
@@ -96,11 +81,7 @@ class RolloutService:
         self._load_lock: asyncio.Lock | None = None
         self._harness_runner: Any = None  # the gateway, on a Unix socket, for harness jobs (started on first use)
         self.gate = gate if gate is not None else StalenessGate()
-        self._leases: dict[str, Lease] = {}  # job id -> its admission, until the job's result is final
-        self._lease_jobs: dict[int, str] = {}  # lease id -> job id (drop mode cancels the job of a stale lease)
-        self._groups: dict[str, GroupAdmission] = {}  # group id -> its admission, until every lease is claimed
-        self._groups_closed: OrderedDict[str, None] = OrderedDict()  # groups whose leases are all handed out
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self.admission = GateAdmission(self.gate, self.pipeline.cancel, lambda job_id: job_id in self._cancel_pending)
         self.metrics = Throughput(metrics_window_s, gauges=self._gauges) if metrics else None
         self.pool.observer = self.pipeline.sandboxes.meter = self.metrics
         self.controller: Any = None
@@ -260,7 +241,6 @@ class RolloutService:
         return job.body
 
     async def _gated_run(self, job_id: str, fp: str, req: ProcessRequest) -> bytes:
-        self._loop = asyncio.get_running_loop()
         meter = self.metrics
         if meter is not None:  # the generator is busy with this request from its arrival to its reply
             meter.job_started()
@@ -269,99 +249,18 @@ class RolloutService:
         finally:  # admitted but never finished (refused, stopped while admitted): the slot is given back
             if meter is not None:
                 meter.job_left()
-            lease = self._leases.pop(job_id, None)
-            if lease is not None:
-                self.gate.cancel(lease)
-                self._lease_jobs.pop(lease.id, None)
+            self.admission.release(job_id)
 
     async def _admit(self, job_id: str, episode: Any, instance: dict[str, Any]) -> None:
-        """Wait for the gate to admit this job (429 after ``admission_timeout_s``). A job cancelled while it waits
-        takes no slot: it is cancelled before it starts. Jobs naming a group (``instance.group_id`` and
-        ``group_size``, as the DAPO collector sends) are admitted together (:class:`GroupAdmission`)."""
-        gid, size = instance.get("group_id"), instance.get("group_size")
+        """Wait for the gate to admit this job (429 after ``admission_timeout_s``; groups together: see
+        :mod:`envhub.service.gate_admission`). A job cancelled while it waits takes no slot."""
         try:
-            if isinstance(gid, str) and isinstance(size, int) and not isinstance(size, bool) and size > 1:
-                lease = await self._group_lease(job_id, gid, size)
-            else:
-                lease = await self.gate.acquire("job", on_stale=self._stale,
-                                                abandon=lambda: job_id in self._cancel_pending)
+            lease = await self.admission.admit(job_id, instance)
         except (NoCapacity, GateError) as e:
             self.counts["rejected"] += 1
             raise ServiceError(429 if isinstance(e, NoCapacity) else 400, str(e)) from None
-        if lease is not None:
-            self._leases[job_id] = lease
-            self._lease_jobs[lease.id] = job_id
-            if hasattr(episode, "lease"):  # a harness episode: its gateway session runs under the job's admission
-                episode.lease = lease
-
-    def _stale(self, lease: Lease) -> None:
-        """Drop mode: the trainer's report made this job stale (called on whatever thread reported): cancel it."""
-        job_id = self._lease_jobs.get(lease.id)
-        if job_id is not None and self._loop is not None:
-            self._loop.call_soon_threadsafe(
-                self.pipeline.cancel, job_id, f"stale: dispatched at version {lease.dispatch_version}, the trainer "
-                f"is at {self.gate.version} (max_staleness {self.gate.max_staleness}, mode drop)")
-
-    async def _group_lease(self, job_id: str, gid: str, size: int) -> Lease | None:
-        """One lease of the group's ``size``, admitted together when its first member arrives; leases no member
-        claims within ``GROUP_CLAIM_S`` (a member cancelled before it was sent) are given back."""
-        self._loop = asyncio.get_running_loop()
-        g = self._groups.get(gid)
-        if g is None and gid in self._groups_closed:  # a member later than its group: admitted on its own
-            return await self.gate.acquire("job", on_stale=self._stale, abandon=lambda: job_id in self._cancel_pending)
-        if g is None:
-            g = self._groups[gid] = GroupAdmission(size)
-            g.task = asyncio.ensure_future(self.gate.acquire_group(  # given up once no member waits any more
-                size, "job", on_stale=self._stale, abandon=lambda: not g.members - self._cancel_pending))
-            g.task.add_done_callback(lambda t: self._group_admitted(gid, g, t))
-        g.members.add(job_id)
-        while not g.task.done() and job_id not in self._cancel_pending:
-            await asyncio.wait([g.task], timeout=0.2)
-        if not g.task.done() or g.task.result() is None:
-            g.members.discard(job_id)  # cancelled while it waited: its share goes back as soon as there is one
-            g.gone += 1
-            self._give_back_gone(gid, g)
-            return None
-        if g.leases is None:
-            g.leases = list(g.task.result())
-        if not g.leases:  # more members than the group said: admitted on its own
-            return await self.gate.acquire("job", on_stale=self._stale, abandon=lambda: job_id in self._cancel_pending)
-        lease = g.leases.pop()
-        if not g.leases:
-            self._groups.pop(gid, None)
-            self._groups_closed[gid] = None
-        return lease
-
-    def _group_admitted(self, gid: str, g: GroupAdmission, task: asyncio.Future) -> None:
-        if task.cancelled() or task.exception() is not None or task.result() is None:
-            if self._groups.get(gid) is g:
-                del self._groups[gid]
-            return
-        if g.leases is None:
-            g.leases = list(task.result())
-        self._give_back_gone(gid, g)  # members cancelled while the group waited take no slot
-        if self._loop is not None and g.leases:
-            self._loop.call_later(GROUP_CLAIM_S, self._unclaimed, gid, g)
-
-    def _give_back_gone(self, gid: str, g: GroupAdmission) -> None:
-        if g.leases is None:
-            return  # not admitted yet: done when it is
-        while g.gone and g.leases:
-            g.gone -= 1
-            self.gate.cancel(g.leases.pop())
-        if not g.leases and self._groups.get(gid) is g:
-            del self._groups[gid]
-            self._groups_closed[gid] = None
-
-    def _unclaimed(self, gid: str, g: GroupAdmission) -> None:
-        self._groups_closed[gid] = None
-        while len(self._groups_closed) > 10_000:
-            self._groups_closed.popitem(last=False)
-        if self._groups.get(gid) is g:
-            del self._groups[gid]
-        for lease in g.leases or []:
-            self.gate.cancel(lease)
-        g.leases = []
+        if lease is not None and hasattr(episode, "lease"):  # a harness episode: its session runs under the lease
+            episode.lease = lease
 
     async def _harness_episode(self, harness: Any, spec: Any, task: dict, config: Any, timeout: Any) -> Any:
         """An unmodified agent CLI for this job (``instance.harness``): its model calls go through the gateway to
@@ -387,11 +286,9 @@ class RolloutService:
                               timeout_s=float(timeout or 600.0), session_backend=backend)
 
     def _on_finish(self, job: Job, result: dict[str, Any]) -> None:
-        lease = self._leases.pop(job.id, None)
-        if lease is not None:  # what the gate makes of it: fresh, withheld (baseline only), dropped, failed
-            self._lease_jobs.pop(lease.id, None)
-            verdict = self.gate.finish(lease, ok=result.get("critical_error") is None,
-                                       versions=result.get("response_versions"))
+        verdict = self.admission.finish(job.id, ok=result.get("critical_error") is None,
+                                        versions=result.get("response_versions"))
+        if verdict is not None:  # what the gate makes of it: fresh, withheld (baseline only), dropped, failed
             result.setdefault("details", {})["staleness"] = verdict
             if verdict["verdict"] in ("withheld", "dropped"):
                 result["filter"] = True  # ProRL's "do not train on this"; a withheld reward still counts in its group
@@ -491,74 +388,3 @@ class RolloutService:
         names = list(self.pool.backends)
         self.pool.clear()
         return names
-
-    # ---- /status ------------------------------------------------------------------------------------------------
-    def status(self) -> dict[str, Any]:
-        p = self.pipeline.status()
-        st = p["stages"]
-        queued = sum(s["queued"] for s in st.values())
-        active = sum(s["in_flight"] for s in st.values())
-        pool = self.pool.status()
-        return {
-            "status": "running" if self.running else "stopped",
-            # ProRL Agent's keys, so its dashboards and scripts keep working
-            "init_queue": st["init"]["queued"], "run_queue": st["run"]["queued"], "eval_queue": st["eval"]["queued"],
-            "active_init": st["init"]["in_flight"], "active_run": st["run"]["in_flight"],
-            "active_eval": st["eval"]["in_flight"], "total": queued + active, "pending_jobs": len(self._inflight),
-            "stages": st,
-            "jobs": {**p["jobs"], **self.counts},
-            "staleness": self.gate.status(),
-            "backends": pool["backends"],
-            "sessions": pool["sessions"],
-            "sandboxes": p["sandboxes"],
-            "timeout_s": self.timeout_s,
-            "weights": self.lifecycle.status(),
-            "concurrency": p["concurrency"],
-            **({"controller": self.controller.status()} if self.controller is not None else {}),
-            "uptime_s": round(time.time() - self.started_at, 3),
-            **self.throughput(),
-        }
-
-    def throughput(self) -> dict[str, Any]:
-        """``{"throughput": snapshot, "bound": verdict}`` (empty with metrics off): see
-        :mod:`envhub.rollout.throughput`."""
-        if self.metrics is None:
-            return {}
-        snap = self.metrics.snapshot()
-        return {"bound": snap.pop("bound"), "throughput": snap}
-
-    def _gauges(self) -> dict[str, Any]:
-        """Live figures the throughput snapshot reads: queues, sandboxes, backends' load."""
-        p = self.pipeline.status()
-        backends: dict[str, dict[str, Any]] = {}
-        for b in self.pool.status()["backends"]:
-            backends[b["name"]] = {"in_flight": b["in_flight"]}
-            load = getattr(self.pool.backends.get(b["name"]), "load", None)  # a backend that knows its own queue
-            if callable(load):
-                try:
-                    backends[b["name"]]["waiting"] = int(load().get("waiting", 0))
-                except Exception:  # a status read must not break /status
-                    log.debug("backend %s: load() raised", b["name"], exc_info=True)
-        sb = p["sandboxes"]
-        return {"queue_depth": {s: v["queued"] for s, v in p["stages"].items()},
-                "sandboxes": {"live": sb["live"], "limit": sb["limit"], "waiting": sb["waiting"]},
-                "backends": backends}
-
-    def trainer_step(self, phase: str, samples: int | None = None, at: float | None = None) -> dict[str, Any]:
-        """The trainer's step boundary (``POST /trainer/step``): idle ratios and consumption come from these
-        (``at``: when it happened, Unix seconds; see :meth:`Throughput.trainer_step`)."""
-        if self.metrics is None:
-            raise ServiceError(409, "metrics are off on this server (RolloutService(metrics=False))")
-        try:
-            return self.metrics.trainer_step(phase, samples, at)
-        except ValueError as e:
-            raise ServiceError(422, str(e)) from None
-
-    def gate_reported(self, body: dict[str, Any] | None) -> None:
-        """A trainer's gate report (``POST /staleness/report``) also feeds consumption and discards."""
-        if self.metrics is None or not body:
-            return
-        if isinstance(body.get("consumed"), int) and body["consumed"] > 0:
-            self.metrics.consumed(body["consumed"])
-        if isinstance(body.get("discarded"), int) and body["discarded"] > 0:
-            self.metrics.discarded(body["discarded"])
