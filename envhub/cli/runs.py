@@ -24,6 +24,8 @@ from typing import Any
 
 import click
 
+from envhub.rollout.runfile import read_records
+
 META = "run.json"
 TRAJECTORIES = "trajectories.jsonl"
 SERIES = "throughput.jsonl"  # the run's throughput figures over time (envhub.rollout.livepoll.SERIES)
@@ -45,16 +47,7 @@ def read_meta(path: str | Path) -> dict[str, Any]:
 
 def read_lines(path: str | Path) -> list[dict[str, Any]]:
     """The trajectory dicts of a run (a truncated last line, left by a kill mid-write, is skipped)."""
-    file = Path(path) / TRAJECTORIES if Path(path).is_dir() else Path(path)
-    if not file.exists():
-        return []
-    out = []
-    for line in file.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            continue
-    return out
+    return read_records(path, TRAJECTORIES)
 
 
 def key_of(traj_dict: dict[str, Any]) -> tuple[str, int]:

@@ -25,6 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from envhub.rollout.runfile import read_records
 from envhub.rollout.live import row_of, total
 
 SERIES = "throughput.jsonl"
@@ -188,15 +189,4 @@ class Recorder:
 
 def read_series(path: str | Path) -> list[dict[str, Any]]:
     """The lines of a ``throughput.jsonl`` (a run directory or the file); a partial last line is skipped."""
-    file = Path(path) / SERIES if Path(path).is_dir() else Path(path)
-    if not file.exists():
-        return []
-    out = []
-    for line in file.read_text().splitlines():
-        try:
-            d = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(d, dict) and isinstance(d.get("total"), dict):
-            out.append(d)
-    return out
+    return [d for d in read_records(path, SERIES) if isinstance(d, dict) and isinstance(d.get("total"), dict)]
