@@ -62,8 +62,8 @@ wait_for() {  # wait_for NAME: its exit status is the stage's
 # first, alone: an editable install writes envhub.egg-info into the checkout, and so does setup-trainers' own
 stage setup-ray $BIN/pip install -q -c constraints.txt -e ".[ray]"
 # at the lowest CPU and I/O priority: they are needed only after the main tier, whose tests wait on sandboxes and
-# subprocesses and leave about half the 2 cores idle; at equal priority the installs took that half and more, and the
-# timing-sensitive tests ran 2-5x slower than alone (a CLI test 162 s against ~40 s)
+# subprocesses and leave about half the 2 cores idle; at equal priority the installs competed with the main tier's
+# tests for the cores (main took 938 s in one CI run and 1,126 s in another whose installs ran longer)
 LOW=(nice -n 19 ionice -c 2 -n 7)
 background setup-trainers "${LOW[@]}" bash scripts/setup-trainers.sh
 background setup-vllm "${LOW[@]}" bash scripts/setup-vllm.sh

@@ -9,6 +9,8 @@ cannot set a key, by a ``/s/<session key>`` path prefix before any of them):
 ``POST /v1/responses``                OpenAI Responses (also without ``/v1``)
 ``POST /v1/messages``                 Anthropic Messages (``?beta=true`` accepted)
 ``POST /v1/messages/count_tokens``    Anthropic token count (the canonical rendering's length)
+``POST /v1beta/models/M:METHOD``      Gemini ``generateContent``, ``streamGenerateContent``, ``countTokens`` (key in
+                                      ``x-goog-api-key``; routed by :mod:`envhub.gateway.dialects.gemini`)
 ``GET /v1/models``                    the served model name
 ====================================  ==============================================================================
 
@@ -61,7 +63,7 @@ from envhub.backends.lifecycle import MODES, LifecycleError
 from envhub.gateway import areal
 from envhub.gateway.builders import BUILDERS, REWARD_MODES, build, summary
 from envhub.gateway.core import Gateway, UpstreamError
-from envhub.gateway.dialects import anthropic, chat, responses
+from envhub.gateway.dialects import anthropic, chat, gemini, responses
 from envhub.gateway.messages import BadRequest, ContextLengthExceeded
 from envhub.rollout.staleness import GateError, NoCapacity, http_route
 from envhub.http.limits import DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, BodyRefused, RequestGuard, read_body
@@ -111,7 +113,8 @@ class GatewayApp:
             _, _, rest = path.partition("/s/")
             key, _, tail = rest.partition("/")
             path = "/" + tail
-        dialect = MODEL_ROUTES.get(path) or (anthropic if path in COUNT_ROUTES else chat)
+        dialect = MODEL_ROUTES.get(path) or (anthropic if path in COUNT_ROUTES else
+                                             gemini if gemini.route(path) else chat)
         try:
             if method in ("GET", "HEAD") and path == "/metrics" and not self.model_only:
                 return await self._metrics(send)
@@ -127,6 +130,8 @@ class GatewayApp:
             if refused:
                 raise HTTPError(403, refused)
             body = await self._body(headers, receive)
+            if dialect is gemini:  # /v1beta/models/{model}:{method}: its own module routes it
+                return await gemini.serve(self, send, receive, scope, path, body, key)
             if path in MODEL_ROUTES:
                 return await self._model_call(send, receive, dialect, body, key)
             if path in COUNT_ROUTES:
@@ -138,7 +143,8 @@ class GatewayApp:
                 raise HTTPError(404, f"POST {path} is not served here (model routes only)")
             return await _send(send, 200, await self._control(path, body, key, receive))
         except ContextLengthExceeded as e:  # each provider's own words: what agents look for to compact
-            err = HTTPError(400, anthropic.too_long(e.tokens, e.limit) if dialect is anthropic else str(e),
+            too_long = getattr(dialect, "too_long", None)
+            err = HTTPError(400, too_long(e.tokens, e.limit) if too_long else str(e),
                             param=e.param, code=e.code)
         except BadRequest as e:
             err = HTTPError(e.status, str(e), param=e.param, code=e.code)
@@ -271,7 +277,8 @@ class GatewayApp:
         raise HTTPError(503, f"the gateway is shutting down: session {session.session_id} has not ended, nothing was "
                              "exported (the session is kept until the gateway exits)")
 
-    async def _control(self, path: str, body: dict[str, Any], key: str | None, receive: Any = None) -> dict[str, Any]:
+    async def _control(self, path: str, body: dict[str, Any], key: str | None,
+                       receive: Any = None) -> dict[str, Any] | bytes:
         gw = self.gw
         if path == "/grant_capacity":  # a grant is an admission by the staleness gate (429 when it has no room)
             self._admin(key)
@@ -337,7 +344,7 @@ class GatewayApp:
             discount = _number(body, "discount", 1.0)
             session = self._session_by_id(str(body.get("session_id")))
             await self._wait_for_end(session, receive)  # AReaL blocks until the session ends
-            out = {"interactions": areal.export(session, discount=discount, style=style)}
+            out = areal.export_json(session, discount=discount, style=style)  # the JSON bytes, built once
             gw.drop_session(session)  # only once the export exists: a failed one leaves the session to ask again
             return out
         if path.startswith("/sessions/") and path.endswith("/trajectories"):
@@ -391,7 +398,7 @@ def _key_of(headers: dict) -> str | None:
     auth = headers.get(b"authorization", b"").decode("latin-1")
     if auth[:7].lower() == "bearer ":
         return auth[7:].strip()
-    x = headers.get(b"x-api-key")
+    x = headers.get(b"x-api-key") or headers.get(b"x-goog-api-key")  # Anthropic's, Gemini's
     return x.decode("latin-1").strip() if x else None
 
 
@@ -432,8 +439,9 @@ class _GatewayCollector:
                 yield g
 
 
-async def _send(send: Any, status: int, payload: dict[str, Any]) -> None:
-    body = json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode()
+async def _send(send: Any, status: int, payload: dict[str, Any] | bytes) -> None:
+    body = payload if isinstance(payload, bytes) else json.dumps(payload, ensure_ascii=False,
+                                                                  separators=(",", ":")).encode()
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
     await send({"type": "http.response.body", "body": body})

@@ -7,6 +7,8 @@ module         routes                                      used by (docs/gateway
 ``chat``       ``/v1/chat/completions``                    mini-swe-agent, Qwen Code, opencode, LangChain, SDKs
 ``responses``  ``/v1/responses``                           Codex CLI, OpenAI Agents SDK (default), opencode
 ``anthropic``  ``/v1/messages``, ``/v1/messages/count_tokens``  Claude Code, the anthropic SDK
+``gemini``     ``/v1beta/models/M:generateContent`` (and      Gemini CLI, ``google-genai``
+               ``:streamGenerateContent``, ``:countTokens``)
 =============  ==========================================  ====================================================
 
 Streaming is synthetic: one backend call, then the provider's exact event sequence in one burst (what AReaL, Polar
