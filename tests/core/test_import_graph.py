@@ -117,7 +117,7 @@ LAYERS = [
     {"verifier", "policy", "http", "rewards"},
     {"env", "task"},
     {"spec", "probes", "grading", "judgeprobes"},
-    {"hookspecs", "hookrelay", "plugins", "(root)", "admission"},
+    {"hookspecs", "hookrelay", "plugins", "(root)", "admission", "admission_report"},
     {"sandbox", "tools", "registry", "scaffold"},
     {"codec", "backends", "judging"},
     {"rollout"},
