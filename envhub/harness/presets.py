@@ -18,6 +18,8 @@ preset               pinned                      API                    shell to
                      0.15.10                                            / a final message
 ``opencode``         ``opencode-ai`` 1.18.33     Chat, streaming        ``bash{command, description}`` / a final
                                                                         message
+``gemini-cli``       ``@google/gemini-cli``      Gemini                 ``run_shell_command{command,
+                     0.61.0                      (``:streamGenerateContent``, SSE)  description}`` / a final message
 ===================  ==========================  =====================  =========================================
 
 Qwen Code 0.16 and later need Node.js 22 (these machines have 20), hence 0.15.10. Qwen Code opens every
@@ -25,7 +27,10 @@ conversation with an exchange of its own (a context message and the assistant re
 context!", which no model sampled): the gateway starts the chain there, so that reply is prompt context (mask 0),
 and the scripted player counts only replies with tool calls as its steps. opencode runs with ``--title`` (no
 title-generator side call) and ``small_model`` on the gateway too; its provider is ``@ai-sdk/openai-compatible``
-(bundled: nothing is downloaded at start), which speaks chat completions.
+(bundled: nothing is downloaded at start), which speaks chat completions. Gemini CLI reaches the gateway through
+``GOOGLE_GEMINI_BASE_URL`` with the key in ``GEMINI_API_KEY``; its settings pin the auth type to ``gemini-api-key``
+(0.61.0 derives a ``gateway`` auth type from that variable, which its non-interactive start then refuses as "Invalid
+auth method selected", exit 41) and turn folder trust off (headless in an untrusted folder, it exits 55).
 """
 from __future__ import annotations
 
@@ -48,7 +53,8 @@ class Preset:
 
     Attributes:
         name: the name :func:`get_preset` finds it by.
-        dialect: the gateway dialect the harness speaks: ``"responses"``, ``"anthropic"`` or ``"chat"``.
+        dialect: the gateway dialect the harness speaks: ``"responses"``, ``"anthropic"``, ``"chat"`` or
+            ``"gemini"``.
         package: the pinned package ``make harness-tools`` installs.
         executable: the installed program, relative to ``HARNESS_DIR``.
         argv: ``instructions -> arguments`` after the executable (run in the task's workdir).
@@ -61,7 +67,7 @@ class Preset:
     """
 
     name: str
-    dialect: str                       # the gateway dialect it speaks: "responses" | "anthropic" | "chat"
+    dialect: str                       # the gateway dialect it speaks: "responses" | "anthropic" | "chat" | "gemini"
     package: str                       # what `make harness-tools` installs (pinned)
     executable: str                    # relative to HARNESS_DIR
     argv: Callable[[str], list[str]]   # instructions -> command line (run in the task's workdir)
@@ -131,6 +137,15 @@ def _opencode_files(url: str, key: str) -> dict[str, str]:
     return {f"{HOME}/.config/opencode/opencode.json": json.dumps(config)}
 
 
+def _gemini_files(url: str, key: str) -> dict[str, str]:
+    settings = {"telemetry": {"enabled": False}, "privacy": {"usageStatisticsEnabled": False},
+                "general": {"disableAutoUpdate": True, "disableUpdateNag": True},
+                # see the module docstring: the auth type the base URL implies is refused in --prompt mode, and
+                # --prompt in an untrusted folder exits
+                "security": {"auth": {"selectedType": "gemini-api-key"}, "folderTrust": {"enabled": False}}}
+    return {f"{HOME}/.gemini/settings.json": json.dumps(settings)}
+
+
 PRESETS: dict[str, Preset] = {p.name: p for p in [
     Preset(
         "codex", "responses", "@openai/codex@0.169.0", "npm/node_modules/.bin/codex",
@@ -185,6 +200,15 @@ PRESETS: dict[str, Preset] = {p.name: p for p in [
         ending=lambda: Action("I applied the fix."),
         notes="a title-generator side call (no tools): an aux chain",
     ),
+    Preset(
+        "gemini-cli", "gemini", "@google/gemini-cli@0.61.0", "npm/node_modules/.bin/gemini",
+        argv=lambda task: ["--model", MODEL, "--yolo", "--prompt", task],
+        env=lambda url, key: {"GOOGLE_GEMINI_BASE_URL": url, "GEMINI_API_KEY": key, "GEMINI_SANDBOX": "false"},
+        files=_gemini_files,
+        shell=lambda cmd: ToolCall("run_shell_command", {"command": cmd, "description": "Run a shell command"}),
+        ending=lambda: Action("I applied the fix."),
+        notes="Gemini's own API; the function-call ids the gateway mints are echoed back",
+    ),
 ]}
 
 
@@ -192,7 +216,8 @@ def get_preset(name: str) -> Preset:
     """The preset of a harness, by name.
 
     Args:
-        name: ``"codex"``, ``"claude-code"``, ``"mini-swe-agent"``, ``"qwen-code"`` or ``"opencode"``.
+        name: ``"codex"``, ``"claude-code"``, ``"mini-swe-agent"``, ``"qwen-code"``, ``"opencode"`` or
+            ``"gemini-cli"``.
 
     Returns:
         The :class:`Preset` (its install is not checked: :meth:`Preset.check_installed`).
