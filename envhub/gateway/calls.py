@@ -138,7 +138,7 @@ class OpeningCache:
 class CallServing:
     """The call half of :class:`~envhub.gateway.core.Gateway` (a mixin: it reads the gateway's ``backend``,
     ``tokenizer``, ``parser``, ``max_model_len``, ``default_max_tokens``, ``drift_every``, ``system_tool_list``,
-    ``stats``, ``policy_version``, ``openings`` and ``codecs``)."""
+    ``stats``, ``policy_version``, ``openings``, ``codecs`` and ``prepare_memo``)."""
 
     backend: Any
     tokenizer: Any
@@ -151,6 +151,7 @@ class CallServing:
     policy_version: int
     openings: OpeningCache
     codecs: dict[str, Any]
+    prepare_memo: bool
 
     def codec_for(self, tools: list[dict[str, Any]] | None, k: str | None = None) -> Any:
         """The chat codec for a tool set: the one shared per tokenizer, tools and parser (bounded,
@@ -231,8 +232,7 @@ class CallServing:
             # retries even a 400); a permission error is final for every client probed
             raise BadRequest(f"this session's budget of {session.max_calls} model calls is spent; the episode is "
                              "over", status=403, code="call_budget_exhausted")
-        messages = prepare(req.messages)
-        tk = tools_key(req.tools)
+        messages, tk = self._prepared(session, req.messages), self._tools_key(session, req.tools)
         codec = self.codec_for(req.tools, tk)
         parent, reason = resolve(session, messages, tk)
         try:
@@ -292,6 +292,48 @@ class CallServing:
             session.flag("mixed_policy_versions")
         return ChatResult(call, reply["content"], calls, call.finish_reason)
 
+    def _prepared(self, session: Session, sent: Any) -> list[dict[str, Any]]:
+        """:func:`~envhub.gateway.messages.prepare` of ``sent``, preparing only the messages after the session's
+        previous request when ``sent`` starts with it (a harness re-sends its history: 60 messages prepared again
+        per call otherwise). Exact: a message's preparation depends only on itself and on whether a non-system
+        message came before it (a later ``system`` message becomes a ``<system-reminder>`` user turn), so the new
+        messages are prepared behind a user message standing for that history. Checked against a full pass on every
+        ``drift_every``-th use (a difference is logged and turns the memo off). A malformed new message is reported
+        by a full pass, with its own index. (A Python caller that edits a message it sent in place, and sends the
+        same dict again, defeats the comparison: send new dicts, as every HTTP request does.)"""
+        memo = session.last_sent if self.prepare_memo else None
+        if memo is not None and isinstance(sent, list) and len(sent) > len(memo[0]):
+            before, done = memo
+            if sent[:len(before)] == before and any(m["role"] != "system" for m in done):
+                try:
+                    new = prepare([_HISTORY] + sent[len(before):])[1:]
+                except BadRequest:
+                    new = None
+                if new is not None:
+                    messages = done + new
+                    self.stats["prepare_memo"] = uses = self.stats.get("prepare_memo", 0) + 1
+                    if self.drift_every and uses % self.drift_every == 1 % self.drift_every and \
+                            prepare(sent) != messages:  # checked against a full pass, as the splice is
+                        log.warning("gateway: preparing only a request's new messages gave another result than "
+                                    "preparing all of them; preparing every request whole from now on")
+                        self.prepare_memo = False
+                        messages = prepare(sent)
+                    session.last_sent = (sent, messages)
+                    return messages
+        messages = prepare(sent)
+        session.last_sent = (sent, messages)
+        return messages
+
+    @staticmethod
+    def _tools_key(session: Session, tools: Any) -> str:
+        """:func:`tools_key`, serialised once per session while its tools stay the same (an agent sends the same
+        tools on every call)."""
+        if session.last_tools is not None and session.last_tools[0] == tools:
+            return session.last_tools[1]
+        k = tools_key(tools)
+        session.last_tools = (tools, k)
+        return k
+
     @staticmethod
     def splice(codec: Any, parent: CallRecord, new: list[dict[str, Any]]) -> list[int]:
         """The prompt of a call that extends ``parent`` with ``new`` messages: the parent's prompt ids, the ids it
@@ -335,6 +377,7 @@ class CallServing:
             return await generate_tagged(backend, call.prompt_ids, params, session_id=session.session_id)
 
 
+_HISTORY = {"role": "user", "content": ""}  # stands for a history that holds a non-system message
 _ID_PREFIX = {"chat": "chatcmpl-", "responses": "resp_", "anthropic": "msg_"}
 
 

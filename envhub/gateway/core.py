@@ -69,6 +69,7 @@ class Gateway(CallServing):
         self.stats = {"calls": 0, "spliced": 0, "new_chains": 0, "errors": 0, "drift_checks": 0, "drift": 0}
         self.openings = OpeningCache()  # a chain's opening, rendered once per distinct (tools, messages)
         self.codecs: dict[str, Any] = {}  # tools key -> its shared ChatCodec
+        self.prepare_memo = True  # prepare only a request's new messages (CallServing._prepared)
 
     # ---- weights ------------------------------------------------------------------------------------------------
     @property

@@ -210,3 +210,70 @@ def test_break_it_an_opening_cache_blind_to_the_tools_serves_wrong_ids(tiny_toke
 
     asyncio.run(open_(TOOLS))
     assert asyncio.run(open_(other_tools)) != gw.codec_for(other_tools).prompt_ids(opening)
+
+
+QUIRKY = [{"role": "developer", "content": "Be brief."},
+          {"role": "system", "content": [{"type": "text", "text": "Second system block."}]},
+          {"role": "user", "content": [{"type": "text", "text": "Fix f.py."}, {"type": "input_text", "text": "Now."}]}]
+
+
+def quirky_session(gw) -> tuple[object, list[list[dict]]]:
+    """A tool loop whose requests carry what ``prepare`` rewrites (a developer role, two leading system blocks,
+    content parts, a system message mid-conversation), each request the previous one plus new messages."""
+    sent = []
+
+    async def play():
+        s = gw.start_session("q")
+        msgs = [dict(m) for m in QUIRKY]
+        for turn in range(4):
+            sent.append([dict(m) for m in msgs])
+            r = await gw.complete(s, ChatRequest("chat", sent[-1], tools=TOOLS))
+            msgs.append(dict(r.call.reply))
+            msgs += [{"role": "tool", "tool_call_id": c["id"], "content": [{"type": "text", "text": "ok"}]}
+                     for c in r.tool_calls]
+            if turn == 1:
+                msgs.append({"role": "system", "content": "Budget: 2 calls left."})
+        return s
+
+    return asyncio.run(play()), sent
+
+
+@pytest.mark.timeout(120)
+def test_preparing_only_the_new_messages_is_preparing_them_all(tiny_tokenizer):
+    from envhub.gateway.messages import prepare
+
+    gw = Gateway(ScriptedBackend(always_a_tool), tiny_tokenizer, drift_every=1)
+    s, sent = quirky_session(gw)
+    assert [c.request for c in s.calls] == [prepare(m) for m in sent]
+    assert all(c.parent is not None for c in s.calls[1:]) and gw.prepare_memo  # spliced; every check agreed
+    assert any(m["content"].startswith("<system-reminder>") for m in s.calls[-1].request)
+
+
+@pytest.mark.timeout(120)
+def test_a_malformed_new_message_is_named_by_its_own_index(tiny_tokenizer):
+    from envhub.gateway.messages import BadRequest
+
+    gw = Gateway(ScriptedBackend(always_a_tool), tiny_tokenizer)
+    s, sent = quirky_session(gw)
+    bad = sent[-1] + [dict(s.calls[-1].reply), {"role": "tool", "content": [{"type": "image_url"}]}]
+    with pytest.raises(BadRequest, match=rf"messages\[{len(bad) - 1}\]"):
+        asyncio.run(gw.complete(s, ChatRequest("chat", bad, tools=TOOLS)))
+
+
+@pytest.mark.timeout(120)
+def test_break_it_a_memo_that_drops_a_message_is_caught_and_turned_off(tiny_tokenizer, monkeypatch, caplog):
+    """The full pass on each drift check catches a memo that disagrees (here: every new message but the first
+    dropped), logs it, and prepares every later request whole."""
+    from envhub.gateway import calls
+
+    real = calls.prepare
+
+    def lossy(messages):
+        out = real(messages)
+        return out[:2] if messages and messages[0] is calls._HISTORY else out
+
+    monkeypatch.setattr(calls, "prepare", lossy)
+    gw = Gateway(ScriptedBackend(always_a_tool), tiny_tokenizer, drift_every=1)
+    with caplog.at_level("WARNING"):
+        quirky_session(gw)
+    assert not gw.prepare_memo and "preparing every request whole" in caplog.text
