@@ -72,8 +72,9 @@ background setup-harness "${LOW[@]}" bash scripts/setup-harness.sh
 stage lint make -s lint
 stage registry $BIN/envhub registry verify --rebuild  # every entry matches its source; each wheel is its tree rebuilt
 stage main $BIN/pytest -m "not serial and not vllm and not trainers and not ray and not harness" -q -n "$JOBS" \
-    --dist loadscope --durations=25
+    --dist loadscope --durations=25 --junitxml="$LOGS/main.xml"
 grep -A27 "slowest 25 durations" "$LOGS/main.log"
+[[ -f "$LOGS/main.xml" ]] && $BIN/python scripts/lanes.py "$LOGS/main.xml" 12
 tail -n 1 "$LOGS/main.log"
 # tests that measure timing (marker `serial`: rates, idle ratios, queue depths) run alone
 stage main-serial $BIN/pytest -m "serial and not vllm and not trainers and not ray and not harness" -q
