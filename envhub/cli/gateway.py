@@ -1,4 +1,5 @@
-"""``envhub gateway``: serve any envhub backend behind OpenAI / Anthropic-compatible routes that record exact tokens."""
+"""``envhub gateway``: serve any envhub backend behind OpenAI / Anthropic / Gemini-compatible routes that record exact
+tokens."""
 from __future__ import annotations
 
 import importlib
@@ -84,6 +85,7 @@ def gateway_cmd(model, tokenizer, policy, host, port, token, served_name, max_mo
         click.echo(json.dumps({"gateway": f"http://{host}:{bound}", "model": model, "tokenizer": tok_name,
                                "openai_base_url": f"http://{host}:{bound}/v1",
                                "anthropic_base_url": f"http://{host}:{bound}",
+                               "gemini_base_url": f"http://{host}:{bound}",
                                "max_model_len": gw.max_model_len}))  # one line: scripts parse it
         sys.stdout.flush()
 

@@ -121,3 +121,22 @@ def test_without_the_checks_bad_bodies_are_not_refused(served, monkeypatch, defe
     s = gw.start_session("broken")
     answers = {name: post(srv, s.api_key, body)[0] for name, (body, _) in BAD.items()}
     assert (500 in answers.values()) if defence == "_obj" else answers["unknown field"] == 200
+
+
+def test_every_status_has_a_client_or_server_status_name(served):
+    """A 4xx never reads as a server error (clients retry those), a 5xx never as the client's; and the gateway's own
+    4xx (cross-site 403, 405, a model call after the end 410, a non-JSON body 415) come in Google's shape."""
+    for status in range(400, 600):
+        name = gemini.error(status, "m")["error"]["status"]
+        assert (name not in ("INTERNAL", "UNAVAILABLE", "DEADLINE_EXCEEDED", "UNIMPLEMENTED")) == (status < 500), status
+    gw, srv = served
+    s = gw.start_session("codes")
+    url, h = f"{srv.url}/v1beta/models/m:generateContent", {"x-goog-api-key": s.api_key}
+    got = [httpx.post(url, json={"contents": USER}, headers={**h, "Origin": "https://evil.example"}),
+           httpx.put(url, json={"contents": USER}, headers=h),
+           httpx.post(url, content=b"hi", headers={**h, "Content-Type": "text/plain"})]
+    gw.end_session(s)
+    got.append(httpx.post(url, json={"contents": USER}, headers=h))
+    assert [(r.status_code, r.json()["error"]["status"]) for r in got] == [
+        (403, "PERMISSION_DENIED"), (405, "INVALID_ARGUMENT"), (415, "INVALID_ARGUMENT"), (410, "FAILED_PRECONDITION")]
+    assert all(google_error(r.status_code, r.json()) for r in got)
