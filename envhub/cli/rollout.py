@@ -95,7 +95,8 @@ def preflight(backend: Any, model: str) -> None:
 @click.option("--max-errors", type=click.IntRange(min=0), default=0, show_default=True,
               help="Exit 1 when more rollouts than this end in error or timeout.")
 @click.option("--harness", default=None,
-              help="Run an unmodified agent CLI (codex, claude-code, mini-swe-agent) on the tasks, its model calls "
+              help="Run an unmodified agent CLI (codex, claude-code, mini-swe-agent, qwen-code, opencode, gemini-cli) "
+                   "on the tasks, its model calls "
                    "through the gateway (make harness-tools installs them). See docs/gateway.md.")
 def rollout_cmd(env_id, model, api_model, tokenizer, n, samples, concurrency, max_turns, max_length, max_tokens, temperature,
                 top_p, top_k, stop, seed, split, env_args, out, resume, overwrite, timeout, max_errors, harness):
