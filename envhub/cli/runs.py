@@ -176,10 +176,14 @@ def started_meta(**fields: Any) -> dict[str, Any]:
 @click.option("--json", "as_json", is_flag=True, help="Print the trajectory (or the run's metadata) as JSON.")
 @click.option("--plot", is_flag=True, help="Chart the run's rates and idle ratios over time (throughput.jsonl).")
 @click.option("--plot-file", type=click.Path(dir_okay=False), default=None,
-              help="Write that chart as an SVG image to this file.")
+              help="Write that chart as an SVG image to this file (its name ends in .svg).")
 def show_cmd(run: str, index: int | None, as_json: bool, plot: bool, plot_file: str | None) -> None:
     """Print a saved run: its metadata and a table of trajectories, or one conversation with --index; --plot
     charts its throughput over time."""
+    if plot_file and Path(plot_file).suffix.lower() != ".svg":
+        # the image is SVG (hand-written, no plotting library): an SVG under out.png opens as a broken PNG
+        raise click.BadParameter(f"{plot_file}: the chart is written as SVG; give a file name ending in .svg",
+                                 param_hint="--plot-file")
     if plot or plot_file:
         return _plot(run, plot, plot_file)
     from rich.console import Console

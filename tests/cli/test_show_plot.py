@@ -140,6 +140,10 @@ def test_a_partial_last_line_is_skipped_and_a_run_without_series_is_one_clear_er
     r = CliRunner().invoke(main, ["show", str(empty), "--plot-file", str(tmp_path / "x.svg")])
     assert r.exit_code == 1 and "no throughput series" in r.output and "envhub top" in r.output
     assert not (tmp_path / "x.svg").exists()
+    # the chart is SVG: a .png name would get an SVG that opens as a broken PNG, so it is refused before anything
+    r = CliRunner().invoke(main, ["show", str(run), "--plot-file", str(tmp_path / "x.png")])
+    assert r.exit_code == 2 and "ending in .svg" in r.output, r.output
+    assert not (tmp_path / "x.png").exists()
 
 
 def test_rollout_out_writes_its_own_series(tmp_path, tiny_tokenizer):
