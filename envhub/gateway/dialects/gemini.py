@@ -13,7 +13,8 @@ How a request becomes chat messages (there is no vLLM route to follow here; docs
   ``functionCall`` parts the tool calls (``args`` as JSON arguments); ``thought`` parts are dropped (the gateway
   never issues them) and ``thoughtSignature`` is ignored;
 * ``tools[].functionDeclarations`` are function tools: ``parametersJsonSchema`` as is, or ``parameters`` (Google's
-  OpenAPI subset) with its upper-case ``type`` names lower-cased to JSON Schema's.
+  OpenAPI subset) with its upper-case ``type`` names lower-cased to JSON Schema's; a declaration's ``response`` /
+  ``responseJsonSchema`` (the return schema) is not rendered: the chat tool format has no field for it.
 
 What cannot be honoured is refused with Google's 400 (``{"error": {"code", "message", "status"}}``), never dropped:
 another part kind (images, files, code execution), hosted tools (``googleSearch``, ``codeExecution``...), a forced
