@@ -340,9 +340,8 @@ def error(status: int, message: str, *, param: str | None = None, code: str | No
 
 
 class _Call:
-    """The dialect of one generate call: the app's model-call path with this route's model and stream form."""
-
-    NAME, error = NAME, staticmethod(error)
+    """The dialect of one generate call, for the app's model-call path (parse, reply, stream): this route's model
+    and stream form. The JSON-array stream is a plain JSON reply (``ChatRequest.stream`` false) holding the chunks."""
 
     def __init__(self, model: str, method: str, alt: str):
         self.model, self.streaming, self.sse = model, method == "streamGenerateContent", alt == "sse"
