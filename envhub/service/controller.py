@@ -233,20 +233,29 @@ def _pct(x: float | None) -> str:
 # ---- the servers' own figures ----------------------------------------------------------------------------------------
 # Names as vLLM's v1 engine exports them (vllm/v1/metrics/loggers.py, vLLM 0.32: vllm:kv_cache_usage_perc,
 # vllm:num_requests_waiting, vllm:num_requests_running, vllm:num_preemptions), the older engine's
-# vllm:gpu_cache_usage_perc, and SGLang's (sglang:token_usage, sglang:num_queue_reqs, sglang:num_running_reqs).
+# vllm:gpu_cache_usage_perc, and SGLang's, read from its SchedulerMetricsCollector (sglang 0.5.23,
+# sglang/srt/observability/metrics_collector.py): the gauges sglang:token_usage (the fullest of its KV pools, 0..1),
+# sglang:num_queue_reqs and sglang:num_running_reqs, and the counter sglang:num_retracted_requests_total (a decode
+# batch retracted for want of KV: SGLang's preemption). Not its gauge sglang:num_retracted_reqs: that one holds the
+# retractions since the scheduler's last stats line and is reset after each, so it is no counter to take deltas of.
 SERVER_METRICS = {
     "kv_usage": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage"),
     "waiting": ("vllm:num_requests_waiting", "sglang:num_queue_reqs"),
     "running": ("vllm:num_requests_running", "sglang:num_running_reqs"),
-    "preemptions": ("vllm:num_preemptions",),
+    "preemptions": ("vllm:num_preemptions", "sglang:num_retracted_requests"),
 }
+# Labels under which a server repeats part of a total it also exports: SGLang's per-priority queues (a sample with a
+# non-empty value here is a breakdown and is skipped).
+BREAKDOWN_LABELS = ("priority",)
 
 
 def parse_server_metrics(text: str) -> dict[str, float]:
     """``{kv_usage?, waiting?, running?, preemptions?}`` from a server's Prometheus text (``GET /metrics``), read
-    with ``prometheus_client``'s parser. Over several engines (the ``engine`` label): queues and preemptions add up,
-    KV usage is the fullest engine's. A figure the server does not export is absent. Raises ``ValueError`` on text
-    that is not the Prometheus format."""
+    with ``prometheus_client``'s parser. Over several engines (vLLM's ``engine`` label, SGLang's ``dp_rank``): queues
+    and preemptions add up, KV usage is the fullest engine's. SGLang with priority scheduling adds a breakdown of
+    each queue under ``priority="<n>"`` beside the total under ``priority=""``: only the total counts (else every
+    request would count twice). A figure the server does not export is absent. Raises ``ValueError`` on text that is
+    not the Prometheus format."""
     from prometheus_client.parser import text_string_to_metric_families
 
     wanted = {name: key for key, names in SERVER_METRICS.items() for name in names}
@@ -256,7 +265,7 @@ def parse_server_metrics(text: str) -> dict[str, float]:
         if key is None:
             continue
         values = [s.value for s in fam.samples if s.name in (fam.name, fam.name + "_total")
-                  and not math.isnan(s.value)]
+                  and not any(s.labels.get(b) for b in BREAKDOWN_LABELS) and not math.isnan(s.value)]
         if not values:
             continue
         v = max(values) if key == "kv_usage" else sum(values)
