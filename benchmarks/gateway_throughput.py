@@ -15,6 +15,8 @@ Per server, over the whole window (every session started in it is finished and e
 * **calls/s**: model calls / wall seconds;
 * **CPU ms/call**: the server process's own CPU time (user + system, from psutil on its pid and any children) over
   the window / model calls: the client's CPU is not in it, the export's is (its share per call);
+* **floor** (envhub only): the server CPU of the last call's body POSTed to a route that only reads and parses it:
+  what any HTTP JSON server pays per call here, before the gateway does anything;
 * **export ms**: close + export of one 8-call session alone after the load (client wall time, median of 20) and the
   export's size; the server CPU it took (mean of the 20).
 
@@ -49,6 +51,7 @@ TOOL_NAMES = ["exec_command", "write_stdin", "apply_patch", "view_image", "read_
               "update_plan", "web_fetch", "request_user_input"]
 AREAL_PY = ROOT / ".venv-areal" / "bin" / "python"
 EXPORTS = 20
+FLOOR_CALLS = 300
 
 
 def chat_tools() -> list[dict]:
@@ -142,6 +145,7 @@ class Loop:
         self.opening_json = b",".join(json.dumps(m).encode() for m in context())
         self.done_calls = self.sessions = 0
         self.export_bytes: list[int] = []
+        self.last_body = b""
 
     async def post(self, http, path: str, body: dict | bytes, headers: dict) -> bytes:
         data = body if isinstance(body, bytes) else json.dumps(body).encode()
@@ -161,7 +165,7 @@ class Loop:
         parts = [b",".join(json.dumps(m).encode() for m in context(task=f"{n}-{time.perf_counter()}"))
                  if self.distinct else self.opening_json]
         for turn in range(self.calls):
-            body = b'{"model":"m","tools":%s,"messages":[%s]}' % (self.tools_json, b",".join(parts))
+            body = self.last_body = b'{"model":"m","tools":%s,"messages":[%s]}' % (self.tools_json, b",".join(parts))
             reply = json.loads(await self.post(http, "/chat/completions", body, h))
             m = reply["choices"][0]["message"]
             echo = {"role": "assistant", "content": m.get("content")}
@@ -212,9 +216,17 @@ async def measure(url: str, pid: int, admin: str | None, seconds: float, session
             size = await loop.finish(http, sid, h)
             exports.append((time.perf_counter() - e0) * 1e3)
             export_cpu += cpu_s(pid) - c0  # psutil's CPU times tick in 10 ms: the mean of many, not a median
+        floor = None
+        if admin is None:  # envhub: the last call's body POSTed to a route that only reads and parses it (then 404s)
+            c0 = cpu_s(pid)
+            for _ in range(FLOOR_CALLS):
+                async with http.post(url + "/v1/none", data=loop.last_body,
+                                     headers={"Content-Type": "application/json"}) as r:
+                    await r.read()
+            floor = (cpu_s(pid) - c0) * 1e3 / FLOOR_CALLS
     return {"calls": n, "wall_s": wall, "calls_per_s": n / wall, "cpu_ms_per_call": cpu * 1e3 / n,
             "cpu_busy": cpu / wall, "export_ms": statistics.median(exports),
-            "export_cpu_ms": export_cpu * 1e3 / EXPORTS, "export_mb": size / 1e6}
+            "export_cpu_ms": export_cpu * 1e3 / EXPORTS, "export_mb": size / 1e6, "floor_cpu_ms": floor}
 
 
 def run_one(name: str, start, seconds: float, sessions: int, calls: int, profile: str | None = None,
@@ -275,7 +287,8 @@ def main() -> None:
                                    args.distinct)
         print(f"  {name:7s} {r['calls_per_s']:7.1f} calls/s   server CPU {r['cpu_ms_per_call']:6.2f} ms/call "
               f"({r['cpu_busy']:.2f} cores busy, {r['calls']} calls)   close+export of one session "
-              f"{r['export_ms']:6.1f} ms wall / {r['export_cpu_ms']:6.1f} ms CPU, {r['export_mb']:.2f} MB",
+              f"{r['export_ms']:6.1f} ms wall / {r['export_cpu_ms']:6.1f} ms CPU, {r['export_mb']:.2f} MB"
+              + (f"   HTTP + JSON parse floor {r['floor_cpu_ms']:.2f} ms CPU/call" if r["floor_cpu_ms"] else ""),
               flush=True)
     ours = res.get("ours")
     for name in ("before", "areal"):
