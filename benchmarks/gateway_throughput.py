@@ -7,8 +7,8 @@ on a 64 KB context (a system prompt, 10 tools, 31 earlier tool calls with their 
 reply it got and adds a 1 KB tool result), ``/rl/set_reward``, ``/rl/end_session``, ``/export_trajectories``
 (``style="individual"``, the whole body read). By default every session opens with the same messages, as the
 sessions of a GRPO group do (envhub renders that opening once: ``envhub.gateway.calls.OpeningCache``);
-``--distinct`` gives each session its own task text, so every opening is rendered. The same client code drives every server: it speaks only the
-routes AReaL's proxy serves.
+``--distinct`` gives each session its own task text, so every opening is rendered. The same client code drives
+every server: it speaks only the routes AReaL's proxy serves.
 
 Per server, over the whole window (every session started in it is finished and exported):
 
