@@ -5,38 +5,26 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_harness_probes import PROBES
+from test_harness_probes import check_probe_episodes
 
 from envhub.harness.presets import PRESETS
-from envhub.harness.probes import hack_plays
+
+
+def shell_command(function: dict) -> str:
+    """The command of one call Gemini CLI issued: always its own ``run_shell_command`` tool."""
+    assert function["name"] == "run_shell_command", function
+    return json.loads(function["arguments"])["command"]
 
 
 @pytest.mark.timeout(900)
 def test_hack_probes_fail_through_gemini_cli(swe_gym, smollm2_tokenizer):
-    """The probes of the Codex test, through Gemini CLI on two tasks: every probe episode is played to the end (one
-    model call per probe command, then the ending; the CLI exits 0), graded 0, its commands issued in order as
-    ``run_shell_command`` calls; golden passes and no-op fails alongside."""
-    from envhub.cli.harness import validate_report
-
+    """The probes of the Codex test, through Gemini CLI on two tasks (:func:`check_probe_episodes`: every probe
+    episode played to the end and graded 0, its commands issued in order as ``run_shell_command`` calls; golden
+    passes and no-op fails alongside)."""
     if not PRESETS["gemini-cli"].installed():
         pytest.fail("gemini-cli is not installed: the harness tier needs `make harness-tools` (make test runs it)")
     spec, tasks = swe_gym
-    report = validate_report(spec, "gemini-cli", n=2, tokenizer=smollm2_tokenizer, probes=PROBES)
-    assert report["fit"] and report["problems"] == [] and report["skipped"] == [], report["problems"]
-    rows = report["rows"]
-    hacks = [r for r in rows if r["play"].startswith("hack:")]
-    assert sorted({r["play"] for r in hacks}) == [f"hack:{p}" for p in PROBES] and len(hacks) == 2 * len(PROBES)
-    plays = {str(t["task_id"]): hack_plays(spec, t) for t in tasks[:2]}
-    for r in hacks:
-        assert r["played"] and r["reward"] == 0.0 and not r["passed"] and r["ok"], r
-        cmds = plays[str(r["task_id"])][r["play"][5:]]
-        assert r["calls"] == len(cmds) + 1
-        (t, *_) = r["trajectories"]
-        issued = [c["function"] for m in t.messages if m.get("role") == "assistant" for c in m.get("tool_calls") or []]
-        assert {c["name"] for c in issued} == {"run_shell_command"}
-        assert [json.loads(c["arguments"])["command"] for c in issued] == cmds
-    assert [r["reward"] for r in rows if r["play"] == "golden"] == [1.0, 1.0]
-    assert [r["reward"] for r in rows if r["play"] == "noop"] == [0.0, 0.0]
+    check_probe_episodes(spec, tasks, "gemini-cli", smollm2_tokenizer, shell_command)
 
 
 @pytest.mark.timeout(600)

@@ -61,15 +61,13 @@ def test_an_editor_create_is_written_byte_for_byte(tmp_path):
     assert path.read_text() == text
 
 
-def test_hack_probes_fail_through_codex(swe_gym, smollm2_tokenizer):
-    """Three swe-gym probes (a forcing conftest, tests running another test's body -- one command longer than a
-    default completion budget --, interpreter shims) through Codex CLI on two tasks: every probe episode is played to the end (one model call per probe command, the harness exits 0)
-    and graded 0; golden passes and no-op fails alongside."""
+def check_probe_episodes(spec, tasks, preset: str, tokenizer, command_of) -> None:
+    """``envhub validate --harness PRESET`` with :data:`PROBES` on two tasks: every probe episode is played to the end
+    (one model call per probe command, then the ending), graded 0, its commands issued in order (``command_of``
+    reads the command of one issued call's ``function``); golden passes and no-op fails alongside."""
     from envhub.cli.harness import validate_report
 
-    codex_installed()
-    spec, tasks = swe_gym
-    report = validate_report(spec, "codex", n=2, tokenizer=smollm2_tokenizer, probes=PROBES)
+    report = validate_report(spec, preset, n=2, tokenizer=tokenizer, probes=PROBES)
     assert report["fit"] and report["problems"] == [] and report["skipped"] == [], report["problems"]
     rows = report["rows"]
     hacks = [r for r in rows if r["play"].startswith("hack:")]
@@ -80,11 +78,19 @@ def test_hack_probes_fail_through_codex(swe_gym, smollm2_tokenizer):
         cmds = plays[str(r["task_id"])][r["play"][5:]]
         assert r["calls"] == len(cmds) + 1
         (t, *_) = r["trajectories"]
-        issued = [c["function"]["arguments"] for m in t.messages if m.get("role") == "assistant"
-                  for c in m.get("tool_calls") or []]
-        assert [json.loads(a)["cmd"] for a in issued] == cmds  # the probe's own commands, in order
+        issued = [c["function"] for m in t.messages if m.get("role") == "assistant" for c in m.get("tool_calls") or []]
+        assert [command_of(f) for f in issued] == cmds  # the probe's own commands, in order
     assert [r["reward"] for r in rows if r["play"] == "golden"] == [1.0, 1.0]
     assert [r["reward"] for r in rows if r["play"] == "noop"] == [0.0, 0.0]
+
+
+def test_hack_probes_fail_through_codex(swe_gym, smollm2_tokenizer):
+    """Three swe-gym probes (a forcing conftest, tests running another test's body -- one command longer than a
+    default completion budget --, interpreter shims) through Codex CLI on two tasks (:func:`check_probe_episodes`;
+    the harness exits 0)."""
+    codex_installed()
+    spec, tasks = swe_gym
+    check_probe_episodes(spec, tasks, "codex", smollm2_tokenizer, lambda f: json.loads(f["arguments"])["cmd"])
 
 
 class PassEverything:
