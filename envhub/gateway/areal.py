@@ -89,12 +89,30 @@ def _b64(raw: bytes) -> bytes:
     return base64.b64encode(raw)  # through the module attribute: the tests count what is encoded
 
 
-def _fill(unit: bytes, count: int, tail: bytes = b"") -> list[bytes]:
+def _fill(unit: bytes, count: int, tail: bytes = b"") -> list[bytes | memoryview]:
     """base64 of ``unit * count + tail``, as pieces: the constant run as one pre-encoded 3-unit block repeated (3
     units are a multiple of 3 bytes, so the block's encoding repeats exactly), then only the remainder and ``tail``
-    encoded."""
+    encoded. The run is a view into one repeated block kept per unit (:func:`_run`): nothing is written for it until
+    the body is joined."""
     whole, rest = divmod(count, 3)
-    return [_block(unit) * whole, _b64(unit * rest + tail)]
+    return [_run(unit, whole), _b64(unit * rest + tail)]
+
+
+_RUNS: dict[bytes, bytes] = {}
+_MAX_RUN = 8 << 20  # bytes of one kept run (a 1.5M-token context's int64 run); longer ones are built per use
+
+
+def _run(unit: bytes, whole: int) -> bytes | memoryview:
+    """``whole`` repetitions of ``unit``'s pre-encoded block, as a view into a run kept per unit and grown (doubling)
+    to the longest asked for, up to ``_MAX_RUN``."""
+    block = _block(unit)
+    size = whole * len(block)
+    if size > _MAX_RUN:
+        return block * whole
+    run = _RUNS.get(unit, b"")
+    if len(run) < size:
+        run = _RUNS[unit] = block * min(max(whole, 2 * len(run) // len(block)), _MAX_RUN // len(block))
+    return memoryview(run)[:size]
 
 
 _BLOCKS: dict[bytes, bytes] = {}
@@ -120,7 +138,7 @@ class _B64Stream:
         cut = len(raw) - len(raw) % 3
         return _B64Stream(self.chunks + (_b64(raw[:cut]),), raw[cut:], self.n + len(ids))
 
-    def pieces(self) -> list[bytes]:
+    def pieces(self) -> list[bytes | memoryview]:
         return [*self.chunks, _b64(self.rest)]
 
 
@@ -134,7 +152,8 @@ def _extends(call: CallRecord, parent: CallRecord | None) -> bool:
             and call.prompt_ids[p:p + s] == parent.sampled_ids)
 
 
-def _tensor(out: list[bytes], name: str, data: list[bytes], dtype: str, shape: str) -> None:
+def _tensor(out: list[bytes | memoryview], name: str, data: list[bytes | memoryview], dtype: str,
+            shape: str) -> None:
     out.append(b'"%s":{"type":"tensor","data":"' % name.encode())
     out.extend(data)
     out.append(b'","shape":%s,"dtype":"%s"}' % (shape.encode(), dtype.encode()))
@@ -163,7 +182,7 @@ def export_json(session: Session, *, discount: float = 1.0, style: str = "indivi
                           separators=(",", ":")).encode()
     rewards = call_rewards(session, "discount", discount)
     streams: dict[str, _B64Stream] = {}
-    out = [b'{"interactions":{']
+    out: list[bytes | memoryview] = [b'{"interactions":{']
     for c in (c for c in session.calls if c.ok):
         parent = session.by_id.get(c.parent) if c.parent else None
         base = streams.get(parent.call_id) if parent is not None and _extends(c, parent) else None
