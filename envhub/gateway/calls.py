@@ -232,7 +232,7 @@ class CallServing:
             # retries even a 400); a permission error is final for every client probed
             raise BadRequest(f"this session's budget of {session.max_calls} model calls is spent; the episode is "
                              "over", status=403, code="call_budget_exhausted")
-        messages, tk = self._prepared(session, req.messages), self._tools_key(session, req.tools)
+        messages, tk = self._prepared(session, req.messages), tools_key(req.tools)
         codec = self.codec_for(req.tools, tk)
         parent, reason = resolve(session, messages, tk)
         try:
@@ -299,8 +299,10 @@ class CallServing:
         message came before it (a later ``system`` message becomes a ``<system-reminder>`` user turn), so the new
         messages are prepared behind a user message standing for that history. Checked against a full pass on every
         ``drift_every``-th use (a difference is logged and turns the memo off). A malformed new message is reported
-        by a full pass, with its own index. (A Python caller that edits a message it sent in place, and sends the
-        same dict again, defeats the comparison: send new dicts, as every HTTP request does.)"""
+        by a full pass, with its own index. The comparison is dict equality, blind to key order; a prepared message
+        depends on key order only through a chat client's tool arguments sent as an object rather than the string
+        the API specifies, which the periodic full pass catches. (A Python caller that edits a message it sent in
+        place and sends the same dict again defeats the comparison: send new dicts, as every HTTP request does.)"""
         memo = session.last_sent if self.prepare_memo else None
         if memo is not None and isinstance(sent, list) and len(sent) > len(memo[0]):
             before, done = memo
@@ -323,16 +325,6 @@ class CallServing:
         messages = prepare(sent)
         session.last_sent = (sent, messages)
         return messages
-
-    @staticmethod
-    def _tools_key(session: Session, tools: Any) -> str:
-        """:func:`tools_key`, serialised once per session while its tools stay the same (an agent sends the same
-        tools on every call)."""
-        if session.last_tools is not None and session.last_tools[0] == tools:
-            return session.last_tools[1]
-        k = tools_key(tools)
-        session.last_tools = (tools, k)
-        return k
 
     @staticmethod
     def splice(codec: Any, parent: CallRecord, new: list[dict[str, Any]]) -> list[int]:

@@ -67,10 +67,9 @@ class Session:
     backend_codec: Any = None         # the codec a scripted backend was opened with
     live: list[dict[str, Any]] = field(default_factory=list)  # the conversation a scripted policy reads
     lock: asyncio.Lock | None = None
-    # the last request as sent and as prepared, and its tools with their key: a harness re-sends its whole history,
-    # so the next request is mostly this one again (envhub.gateway.calls prepares only what is new)
+    # the last request as sent and as prepared: a harness re-sends its whole history, so the next request is mostly
+    # this one again (envhub.gateway.calls prepares only what is new)
     last_sent: tuple[list[Any], list[dict[str, Any]]] | None = None
-    last_tools: tuple[Any, str] | None = None
 
     def add(self, call: CallRecord) -> None:
         self.calls.append(call)

@@ -277,3 +277,26 @@ def test_break_it_a_memo_that_drops_a_message_is_caught_and_turned_off(tiny_toke
     with caplog.at_level("WARNING"):
         quirky_session(gw)
     assert not gw.prepare_memo and "preparing every request whole" in caplog.text
+
+
+@pytest.mark.timeout(120)
+def test_tools_reordered_mid_session_are_keyed_as_sent(tiny_tokenizer):
+    """Equal as dicts is not rendered alike: tools whose keys come in another order render (``tojson``) in that
+    order, so a call's tools key is always its own request's, never a remembered equal-looking one."""
+    from envhub.gateway.calls import tools_key
+
+    gw = Gateway(ScriptedBackend(always_a_tool), tiny_tokenizer)
+    fn = TOOLS[0]["function"]
+    reordered = [{"function": {"parameters": fn["parameters"], "description": fn["description"], "name": fn["name"]},
+                  "type": "function"}]
+    assert reordered == TOOLS and tools_key(reordered) != tools_key(TOOLS)
+
+    async def play():
+        s = gw.start_session("r")
+        msgs = [{"role": "user", "content": "Fix f.py."}]
+        for tools in (TOOLS, reordered):
+            await gw.complete(s, ChatRequest("chat", [dict(m) for m in msgs], tools=tools))
+        return s
+
+    s = asyncio.run(play())
+    assert [c.tools_key for c in s.calls] == [tools_key(TOOLS), tools_key(reordered)]
