@@ -292,7 +292,10 @@ def test_on_a_terminal_it_refreshes_and_ctrl_c_exits_cleanly(serve):
     master, slave = pty.openpty()
     proc = subprocess.Popen([sys.executable, "-m", "envhub.cli", "top", srv.url, dead_url(), "-n", "0.2"],
                             stdin=slave, stdout=slave, stderr=slave, close_fds=True,
-                            env={**os.environ, "COLUMNS": "150", "LINES": "50"})
+                            env={**os.environ, "COLUMNS": "150", "LINES": "50"},
+                            # as started from a terminal: a run under `cmd &` (CI's) inherits SIGINT ignored, and
+                            # Python then installs no KeyboardInterrupt handler -- Ctrl-C would never arrive
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     os.close(slave)
     out = b""
     try:
