@@ -134,7 +134,10 @@ def test_the_first_ctrl_c_stops_a_gateway_with_an_export_waiting(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "envhub.cli", "gateway", "--model", "golden", "--policy",
                              "gw_helpers:agent_policy", "--tokenizer", "tiny", "--port", "0"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(REPO),
-                            env={**env, "PYTHONPATH": str(Path(__file__).parent)})
+                            env={**env, "PYTHONPATH": str(Path(__file__).parent)},
+                            # SIGINT at its default, as from a terminal: under `cmd &` (CI) it is inherited ignored,
+                            # and uvicorn re-raises the SIGINT it handled into that ignored disposition (exit 0)
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         line = proc.stdout.readline()
         import json
