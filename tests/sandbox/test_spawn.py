@@ -155,4 +155,7 @@ def test_a_fork_that_fails_leaves_no_descriptor_open(monkeypatch):
         with pytest.raises(BlockingIOError):
             spawn.start(["true"], os.getcwd(), dict(os.environ), {}, with_stdin=with_stdin)
     monkeypatch.undo()
-    assert len(os.listdir("/proc/self/fd")) == fds
+    # Other threads of this test process (a fixture's server, the collector) open and close descriptors of their own
+    # while the loop runs, so an exact count flakes (CI saw 14 vs 15). A leak is per failed fork: twenty tries that
+    # each lost even one descriptor leave twenty more open, far past that noise.
+    assert len(os.listdir("/proc/self/fd")) - fds < 10
