@@ -68,6 +68,11 @@ from envhub.gateway.messages import BadRequest, ContextLengthExceeded
 from envhub.rollout.staleness import GateError, NoCapacity, http_route
 from envhub.http.limits import DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, BodyRefused, RequestGuard, read_body
 
+try:  # pydantic's parser (the serve extra installs it); without it every body goes to json.loads
+    import pydantic_core as _pydantic_core
+except ImportError:  # pragma: no cover
+    _pydantic_core = None  # type: ignore[assignment]
+
 log = logging.getLogger(__name__)
 MODEL_ROUTES = {"/v1/chat/completions": chat, "/chat/completions": chat, "/v1/responses": responses,
                 "/responses": responses, "/v1/messages": anthropic, "/messages": anthropic}
@@ -169,7 +174,7 @@ class GatewayApp:
         if raw is None:  # the client went away while sending
             raise asyncio.CancelledError
         try:
-            body = json.loads(raw, parse_constant=_not_json) if raw else {}
+            body = parse_json(raw) if raw else {}
         except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, NaN / Infinity (Python's json reads them)
             raise HTTPError(400, f"the body is not valid JSON: {e}") from None
         if not isinstance(body, dict):
@@ -367,6 +372,25 @@ class GatewayApp:
         if out is None:
             raise HTTPError(404, f"{method} {path} is not served")
         return out
+
+
+def parse_json(raw: bytes) -> Any:
+    """A request body's JSON: what ``json.loads(raw, parse_constant=_not_json)`` returns or raises, faster.
+
+    ``pydantic_core.from_json`` (Rust) parses a 64 KB agent request ~2.4x faster than ``json.loads``, but it is
+    stricter: it refuses lone surrogate escapes (``"\\ud800"``), UTF-8-encoded surrogates, a BOM and UTF-16/32 bodies,
+    and nesting past 200, all of which ``json.loads`` reads. So it is tried first, and on *any* error the body goes
+    to ``json.loads``, whose value or error (and so the 400's message) is then exactly the old one. Where
+    ``from_json`` succeeds its value equals ``json.loads``' (same dict key order, last duplicate key wins, big ints
+    exact, ``1e400`` -> inf): the cases are in ``tests/gateway/test_json_body.py``. ``allow_inf_nan=False``: a
+    ``NaN``/``Infinity`` literal must reach ``_not_json``'s refusal.
+    """
+    if _pydantic_core is not None:
+        try:
+            return _pydantic_core.from_json(raw, allow_inf_nan=False)
+        except Exception:  # noqa: S110 -- any refusal: json.loads decides, as it always did
+            pass
+    return json.loads(raw, parse_constant=_not_json)
 
 
 def _not_json(constant: str) -> Any:
