@@ -1,7 +1,7 @@
 """Serving the gateway: :func:`serve` (what ``envhub gateway`` runs) and :class:`GatewayThread` (in-process, real
 HTTP on loopback: tests, notebooks, the harness envs). Same server as the rollout service: uvicorn with the h11
 protocol under a connection cap and a request-head deadline (:mod:`envhub.http.limits`); loopback by default,
-a token required on any other address.
+a token required on any other address. The event loop is uvloop's when installed (:func:`event_loop`).
 
 Shutdown: the first SIGINT/SIGTERM stops every wait for a session's end at once (such an export answers 503 and
 keeps its session), gives in-flight model calls ``GRACEFUL_SHUTDOWN_S`` to finish, then cancels them.
@@ -17,6 +17,33 @@ from envhub.http.server import ServerThread, bind, check_binding, raise_fd_limit
 
 GRACEFUL_SHUTDOWN_S = 30.0
 TOKEN_FLAG, TOKEN_ENV = "envhub gateway --token", "ENVHUB_GATEWAY_TOKEN"
+
+
+def event_loop(choice: str | None = None) -> tuple[Any, Any]:
+    """The event loop the gateway serves on: ``(run, new_loop)``, uvloop's when it is installed (the serve extra
+    installs it), else asyncio's; ``choice`` (or ``ENVHUB_GATEWAY_LOOP``): ``"uvloop"``, ``"asyncio"`` or
+    ``"auto"`` (the default).
+
+    Why: uvloop's transports and loop are C (libuv), and on the 64 KB agent loop asyncio's pure-Python socket
+    transport, selector and handles were a large share of the gateway's per-call CPU (#28 item 10). The HTTP protocol
+    is the same guarded h11 either way, so what a client sees (limits, 413/408, streaming, every byte of a reply) is
+    unchanged; the gateway's tests run on the loop this picks.
+    """
+    import asyncio
+    import os
+
+    choice = choice or os.environ.get("ENVHUB_GATEWAY_LOOP") or "auto"
+    if choice not in ("auto", "uvloop", "asyncio"):
+        raise ValueError(f"ENVHUB_GATEWAY_LOOP must be auto, uvloop or asyncio; got {choice!r}")
+    if choice != "asyncio":
+        try:
+            import uvloop
+        except ImportError:
+            if choice == "uvloop":
+                raise
+        else:
+            return uvloop.run, uvloop.new_event_loop
+    return asyncio.run, asyncio.new_event_loop
 
 
 def check_gateway_binding(host: str, token: str | None) -> None:
@@ -113,6 +140,7 @@ class GatewayThread(ServerThread):
     """
 
     def __init__(self, gateway: Gateway, **kw: Any):
+        kw.setdefault("loop_factory", event_loop()[1])
         super().__init__(gateway, make=make_server, **kw)
         self.gateway = gateway
 
@@ -137,4 +165,4 @@ def serve(gateway: Gateway, *, host: str = "127.0.0.1", port: int = 8090, token:
     """
     raise_fd_limit()
     server = make_server(gateway, host=host, port=port, token=token, **kw)
-    serve_until_stopped(server, sock or bind(host, port), on_ready)
+    serve_until_stopped(server, sock or bind(host, port), on_ready, run=event_loop()[0])

@@ -60,8 +60,9 @@ def raise_fd_limit() -> int:
     return raise_nofile_limit()[0]
 
 
-def serve_until_stopped(server: Any, sock: socket.socket, on_ready: Any = None) -> None:
-    """Run a configured uvicorn ``server`` on ``sock`` until SIGINT/SIGTERM; ``on_ready(port)`` once it listens."""
+def serve_until_stopped(server: Any, sock: socket.socket, on_ready: Any = None, *, run: Any = None) -> None:
+    """Run a configured uvicorn ``server`` on ``sock`` until SIGINT/SIGTERM; ``on_ready(port)`` once it listens.
+    ``run``: what runs the main coroutine (``asyncio.run`` by default; the gateway passes ``uvloop.run``)."""
     import asyncio
 
     async def main() -> None:
@@ -72,7 +73,7 @@ def serve_until_stopped(server: Any, sock: socket.socket, on_ready: Any = None) 
             on_ready(sock.getsockname()[1])
         await task
 
-    asyncio.run(main())
+    (run or asyncio.run)(main())
 
 
 class ServerThread:
@@ -84,8 +85,9 @@ class ServerThread:
     """
 
     def __init__(self, service: Any, *, make: Any, host: str = "127.0.0.1", port: int = 0, token: str | None = None,
-                 log_level: str = "warning", uds: str | None = None, **limits: Any):
+                 log_level: str = "warning", uds: str | None = None, loop_factory: Any = None, **limits: Any):
         self.service = service
+        self.loop_factory = loop_factory  # makes the thread's event loop (None: asyncio's; the gateway: uvloop's)
         self.server = make(service, host=host, port=port, token=token, log_level=log_level, **limits)
         self.server.config.install_signal_handlers = False  # uvicorn < 0.29 reads this; newer ones skip in threads
         self.uds = uds
@@ -105,7 +107,7 @@ class ServerThread:
         import asyncio
 
         try:
-            self.loop = asyncio.new_event_loop()
+            self.loop = (self.loop_factory or asyncio.new_event_loop)()
             asyncio.set_event_loop(self.loop)
             self.loop.run_until_complete(self.server.serve(sockets=[self.sock]))
         except BaseException as e:  # reported by start()
