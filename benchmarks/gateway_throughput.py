@@ -1,7 +1,8 @@
 """Throughput at the limit (#28 item 10): 32 concurrent 64 KB Codex-shaped agent loops through AReaL's own routes,
 each session closed and exported, against the gateway of another revision and against AReaL's proxy, in one run.
 
-Every server runs in its own process on loopback; this process is the client (aiohttp, 32 loops). A loop is one
+Every server runs in its own process on loopback; this process is the client (32 loops, one keep-alive
+connection each, see "The client" below). A loop is one
 AReaL-style episode after another: ``/grant_capacity``, ``/rl/start_session``, ``--calls`` chat-completions calls
 on a 64 KB context (a system prompt, 10 tools, 31 earlier tool calls with their outputs; each call echoes the
 reply it got and adds a 1 KB tool result), ``/rl/set_reward``, ``/rl/end_session``, ``/export_trajectories``
@@ -26,6 +27,13 @@ with ``git archive`` into a temporary directory and run the same way) and ``area
 missing). Each envhub gateway runs ``envhub gateway --model golden`` with the scripted Codex-shaped policy of
 ``benchmarks/gateway.py``; AReaL's runs its own ``main()`` with a stand-in engine (``benchmarks/areal_proxy.py``)
 that returns one fixed tool call rendered by the same tokenizer.
+
+The client shares the 2 cores with the server, so calls/s is bounded by what the client leaves the server. It is a
+lean HTTP/1.1 load generator (:class:`Conn`: asyncio streams on uvloop when installed, one keep-alive connection per
+loop, the request head and body written as pre-built bytes, the reply read by ``Content-Length`` or chunks), not a
+general HTTP client: aiohttp's per-request work took more of the cores than the gateway did (#28 item 10). The same
+client drives every server, ours, ``before`` and AReaL's, so the figures stay comparable; ``--client aiohttp`` runs
+the earlier aiohttp client instead.
 
 Targets (#28 item 10): <= 3 ms server CPU per call including the export's share, >= 300 calls/s on 2 cores.
 
@@ -137,6 +145,71 @@ def cpu_s(pid: int) -> float:
 
 
 # ---- the client -----------------------------------------------------------------------------------------------
+class Conn:
+    """One keep-alive HTTP/1.1 connection: ``await conn.post(path, body, headers) -> (status, reply bytes)``.
+
+    Lean on purpose (see the module docstring): the head is a few bytes formatted per request, the body is written
+    as given, the reply's head is parsed for its status, ``Content-Length`` / chunked encoding and ``Connection:
+    close`` (then the next request opens a new connection)."""
+
+    def __init__(self, url: str):
+        from urllib.parse import urlsplit
+
+        u = urlsplit(url)
+        self.host, self.port = u.hostname, u.port
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def post(self, path: str, body: bytes, headers: dict) -> tuple[int, bytes]:
+        if self.writer is None:
+            import socket
+
+            self.reader, self.writer = await asyncio.open_connection(self.host, self.port, limit=1 << 20)
+            self.writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        extra = b"".join(b"%s: %s\r\n" % (k.encode(), v.encode()) for k, v in headers.items())
+        # head and body in one write: two would let Nagle hold the body's tail for the server's delayed ACK (40 ms)
+        self.writer.write(b"POST %s HTTP/1.1\r\nHost: %s:%d\r\nContent-Type: application/json\r\n"
+                          b"Content-Length: %d\r\n%s\r\n%s" % (path.encode(), self.host.encode(), self.port,
+                                                                   len(body), extra, body))
+        assert self.reader is not None
+        head = await self.reader.readuntil(b"\r\n\r\n")
+        lines = head.split(b"\r\n")
+        status = int(lines[0].split(b" ", 2)[1])
+        fields = {k.strip().lower(): v.strip() for k, _, v in (ln.partition(b":") for ln in lines[1:] if ln)}
+        if fields.get(b"transfer-encoding", b"").lower() == b"chunked":
+            parts = []
+            while size := int((await self.reader.readuntil(b"\r\n")).split(b";")[0], 16):
+                parts.append(await self.reader.readexactly(size))
+                await self.reader.readexactly(2)
+            await self.reader.readuntil(b"\r\n")  # the empty trailer
+            raw = b"".join(parts)
+        else:
+            raw = await self.reader.readexactly(int(fields.get(b"content-length", b"0")))
+        if fields.get(b"connection", b"").lower() == b"close":
+            self.close()
+        return status, raw
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+        self.reader = self.writer = None
+
+
+class AiohttpConn:
+    """The earlier client (``--client aiohttp``): the same calls through an aiohttp session."""
+
+    def __init__(self, url: str, session):
+        self.url, self.session = url, session
+
+    async def post(self, path: str, body: bytes, headers: dict) -> tuple[int, bytes]:
+        async with self.session.post(self.url + path, data=body,
+                                     headers={**headers, "Content-Type": "application/json"}) as r:
+            return r.status, await r.read()
+
+    def close(self) -> None:
+        pass
+
+
 class Loop:
     def __init__(self, url: str, admin: str | None, calls: int, distinct: bool = False):
         self.url, self.calls, self.distinct = url, calls, distinct
@@ -149,11 +222,10 @@ class Loop:
 
     async def post(self, http, path: str, body: dict | bytes, headers: dict) -> bytes:
         data = body if isinstance(body, bytes) else json.dumps(body).encode()
-        async with http.post(self.url + path, data=data, headers={**headers, "Content-Type": "application/json"}) as r:
-            raw = await r.read()
-            if r.status != 200:
-                raise RuntimeError(f"{path}: {r.status} {raw[:300]!r}")
-            return raw
+        status, raw = await http.post(path, data, headers)
+        if status != 200:
+            raise RuntimeError(f"{path}: {status} {raw[:300]!r}")
+        return raw
 
     async def session(self, http, n: int) -> tuple[str, dict]:
         """One episode up to its end; returns its id and the session key's headers (export is separate). The body
@@ -190,25 +262,38 @@ class Loop:
 
 
 async def measure(url: str, pid: int, admin: str | None, seconds: float, sessions: int, calls: int,
-                  distinct: bool = False) -> dict:
-    import aiohttp
+                  distinct: bool = False, client: str = "lean") -> dict:
+    import contextlib
 
     loop = Loop(url, admin, calls, distinct)
-    timeout = aiohttp.ClientTimeout(total=600)
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=sessions * 2), timeout=timeout) as http:
+    async with contextlib.AsyncExitStack() as stack:
+        if client == "aiohttp":
+            import aiohttp
+
+            shared = await stack.enter_async_context(aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=sessions * 2), timeout=aiohttp.ClientTimeout(total=600)))
+
+            def conn():
+                return AiohttpConn(url, shared)
+        else:
+            def conn():
+                return Conn(url)
+        http = conn()
         sid, h = await loop.session(http, -1)  # warm-up: first-call imports and caches, not measured
         await loop.finish(http, sid, h)
         loop.done_calls = loop.sessions = 0
 
         async def agent(n: int) -> None:
+            http = conn()  # each loop its own keep-alive connection, as an agent has
             while time.perf_counter() < deadline:
                 sid, h = await loop.session(http, n)
                 loop.export_bytes.append(await loop.finish(http, sid, h))
 
-        cpu0, t0 = cpu_s(pid), time.perf_counter()
+        cpu0, t0, own0 = cpu_s(pid), time.perf_counter(), time.process_time()
         deadline = t0 + seconds
         await asyncio.gather(*(agent(n) for n in range(sessions)))
         wall, cpu, n = time.perf_counter() - t0, cpu_s(pid) - cpu0, loop.done_calls
+        client_cpu = time.process_time() - own0
         exports, export_cpu = [], 0.0
         for _ in range(EXPORTS):  # close + export of one session alone, nothing else running
             sid, h = await loop.session(http, 1000)
@@ -220,17 +305,15 @@ async def measure(url: str, pid: int, admin: str | None, seconds: float, session
         if admin is None:  # envhub: the last call's body POSTed to a route that only reads and parses it (then 404s)
             c0 = cpu_s(pid)
             for _ in range(FLOOR_CALLS):
-                async with http.post(url + "/v1/none", data=loop.last_body,
-                                     headers={"Content-Type": "application/json"}) as r:
-                    await r.read()
+                await http.post("/v1/none", loop.last_body, {})
             floor = (cpu_s(pid) - c0) * 1e3 / FLOOR_CALLS
     return {"calls": n, "wall_s": wall, "calls_per_s": n / wall, "cpu_ms_per_call": cpu * 1e3 / n,
-            "cpu_busy": cpu / wall, "export_ms": statistics.median(exports),
+            "cpu_busy": cpu / wall, "client_cpu_ms_per_call": client_cpu * 1e3 / n, "export_ms": statistics.median(exports),
             "export_cpu_ms": export_cpu * 1e3 / EXPORTS, "export_mb": size / 1e6, "floor_cpu_ms": floor}
 
 
 def run_one(name: str, start, seconds: float, sessions: int, calls: int, profile: str | None = None,
-            distinct: bool = False) -> dict:
+            distinct: bool = False, client: str = "lean") -> dict:
     proc, url = start()
     spy = None
     if profile:  # py-spy's collapsed stacks of the server over the whole run (its samples, not its CPU, are read)
@@ -239,7 +322,7 @@ def run_one(name: str, start, seconds: float, sessions: int, calls: int, profile
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         admin = "areal-admin" if name == "areal" else None
-        return asyncio.run(measure(url, proc.pid, admin, seconds, sessions, calls, distinct))
+        return client_run(measure(url, proc.pid, admin, seconds, sessions, calls, distinct, client))
     finally:
         if spy is not None:
             spy.send_signal(2)
@@ -249,6 +332,16 @@ def run_one(name: str, start, seconds: float, sessions: int, calls: int, profile
             proc.wait(15)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+def client_run(coro):
+    """The client's event loop: uvloop's when installed (the lean client's C transports leave more of the 2 cores
+    to the server), whichever server it drives."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coro)
+    return uvloop.run(coro)
 
 
 def main() -> None:
@@ -263,6 +356,8 @@ def main() -> None:
     ap.add_argument("--distinct", action="store_true",
                     help="every session opens with its own task text (by default all open alike, as a GRPO group)")
     ap.add_argument("--profile", default=None, help="py-spy the servers: PREFIX-<name>.txt (collapsed stacks)")
+    ap.add_argument("--client", choices=["lean", "aiohttp"], default="lean",
+                    help="the load generator, the same for every server (see the module docstring)")
     args = ap.parse_args()
     from envhub.cli.common import default_tokenizer
 
@@ -280,13 +375,14 @@ def main() -> None:
         servers = {args.only: servers[args.only]}
     print(f"{args.sessions} sessions x {args.calls} calls on a 64 KB Codex-shaped context, close + individual "
           f"export each; {'each session its own task' if args.distinct else 'one task (a group): same opening'}; "
-          f"tokenizer {tok}; {os.cpu_count()} cores; load {os.getloadavg()[0]:.1f}")
+          f"tokenizer {tok}; {os.cpu_count()} cores; load {os.getloadavg()[0]:.1f}; client {args.client}")
     res = {}
     for name, start in servers.items():
         res[name] = r = run_one(name, start, args.seconds, args.sessions, args.calls, args.profile,
-                                   args.distinct)
+                                args.distinct, args.client)
         print(f"  {name:7s} {r['calls_per_s']:7.1f} calls/s   server CPU {r['cpu_ms_per_call']:6.2f} ms/call "
-              f"({r['cpu_busy']:.2f} cores busy, {r['calls']} calls)   close+export of one session "
+              f"({r['cpu_busy']:.2f} cores busy, {r['calls']} calls; client {r['client_cpu_ms_per_call']:.2f} ms/call)"
+              f"   close+export of one session "
               f"{r['export_ms']:6.1f} ms wall / {r['export_cpu_ms']:6.1f} ms CPU, {r['export_mb']:.2f} MB"
               + (f"   HTTP + JSON parse floor {r['floor_cpu_ms']:.2f} ms CPU/call" if r["floor_cpu_ms"] else ""),
               flush=True)
