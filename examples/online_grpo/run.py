@@ -26,6 +26,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import echo_digit  # noqa: E402
+from generator import GeneratorProcess  # noqa: E402
 from trainer import OnlineGRPO, Report, Schedule, evaluate  # noqa: E402
 from warmup import format_warmup  # noqa: E402
 
@@ -47,29 +48,25 @@ def prompts(rows: list[dict[str, Any]]):
 
 async def run_schedule(schedule: Schedule, model_path: Path, *, latency_s: float, latency_sigma: float,
                        n_eval: int = 32, run_dir: Path | None = None) -> Report:
-    """One run: a fresh service and generator, the trainer's model from the same initial weights."""
+    """One run: a fresh service and generator (in a process of their own), the trainer's model from the same initial
+    weights."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    from envhub.backends.hf import HFBackend
-    from envhub.service import RolloutService, ServerThread
     from envhub.training import RolloutClient
 
     torch.manual_seed(schedule.seed)
-    backend = HFBackend(model_path, max_batch_size=32)
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32, attn_implementation="eager")
     model.config.use_cache = False
     model.train()
-    service = RolloutService(backend.tokenizer, backends=[backend], init_workers=64, run_workers=512,
-                             eval_workers=64, metrics_window_s=3600.0)
     rows = echo_digit.rows(400, latency_s=latency_s, latency_sigma=latency_sigma, seed=schedule.seed)
     train_rows, eval_rows = rows[n_eval:], rows[:n_eval]
     eval_instances = [{"env_id": echo_digit.ENV_ID, "task": r} for r in eval_rows]
-    with ServerThread(service) as srv:
+    with GeneratorProcess(model_path) as srv:  # the service and its generator: a process of their own
         print(f"-- {schedule.name}: evaluating the initial weights", flush=True)
         before = await evaluate(srv.url, eval_instances, max_tokens=schedule.max_tokens)
-        trainer = OnlineGRPO(model, backend.model, srv.url, prompts(train_rows), schedule,
-                             pad_token_id=backend.pad_token_id)
+        trainer = OnlineGRPO(model, srv.parameters, srv.url, prompts(train_rows), schedule,
+                             pad_token_id=srv.pad_token_id)
         trainer.on_step = lambda st: on_step(st, schedule, srv.url, run_dir)
         recorder = None
         if run_dir is not None:  # the figures `envhub top` shows, every second: `envhub show DIR --plot`
@@ -123,6 +120,9 @@ async def main(argv: list[str] | None = None) -> list[Report]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--schedules", default=",".join(SCHEDULES), help=f"comma-separated, of {list(SCHEDULES)}")
     ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--steps-async", type=int, default=None,
+                    help="steps of the asynchronous schedules (default: --steps); a longer run shows when they reach "
+                         "sync's final reward, where equal steps would cut that comparison short")
     ap.add_argument("--groups", type=int, default=8)
     ap.add_argument("--group-size", type=int, default=8)
     ap.add_argument("--lr", type=float, default=2e-3)
@@ -149,7 +149,8 @@ async def main(argv: list[str] | None = None) -> list[Report]:
     model_path = format_warmup(tiny, default_cache_dir())
     reports = []
     for name in args.schedules.split(","):
-        sched = Schedule(name=name, steps=args.steps, groups=args.groups, group_size=args.group_size, lr=args.lr,
+        steps = args.steps if SCHEDULES[name]["eta"] == 0 or args.steps_async is None else args.steps_async
+        sched = Schedule(name=name, steps=steps, groups=args.groups, group_size=args.group_size, lr=args.lr,
                          seed=args.seed, **SCHEDULES[name])
         t = time.monotonic()
         report = await run_schedule(sched, model_path, latency_s=args.latency_s, latency_sigma=args.latency_sigma,

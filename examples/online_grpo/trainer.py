@@ -14,9 +14,10 @@ One loop serves every schedule, because the schedule *is* the staleness gate's `
 Per step the trainer, over HTTP: collects ``groups`` informative groups (:class:`~envhub.training.DAPOCollector`,
 which reports the trainer's version to the gate and the samples it throws away), ``POST /trainer/step`` begin,
 computes GRPO advantages and one optimizer step, ``POST /pause``, copies the weights into the generator, ``POST
-/resume {version}``, ``POST /trainer/step`` end. The weight copy is the one step that is not HTTP: the generator's
-model lives in this process (a colocated trainer's NCCL broadcast, on CPU); everything the agent could notice goes
-through the real service.
+/resume {version}``, ``POST /trainer/step`` end. The weight copy is the one step that is not HTTP: the service and its
+generator run in a process of their own (``generator.py``) whose parameters are shared memory, and the trainer writes
+into them (a colocated trainer's CUDA-IPC / NCCL weight sync, on CPU); everything the agent could notice goes through
+the real service.
 
 The loss: on-policy (``eta = 0``) and "naive" runs use the PPO-clip surrogate against the logprobs the engine sampled
 with (``policy_gradient_loss``: the ratio to a policy ``eta`` versions old is clipped, and those tokens stop
@@ -131,22 +132,23 @@ class RecordingClient:
 
 
 class OnlineGRPO:
-    """Trains ``model`` online against the rollout service at ``url`` whose generator runs ``generator_model``.
+    """Trains ``model`` online against the rollout service at ``url`` whose generator samples with ``generator_params``.
 
     Args:
         model: the trainer's policy (a transformers causal LM, float32, on CPU).
-        generator_model: the model object the service's backend samples with; the weight update copies into it.
+        generator_params: the parameters the service's backend samples with (``GeneratorProcess.parameters``: shared
+            memory), in ``model.parameters()`` order; the weight update copies into them.
         url: the rollout service.
         prompts: an endless iterator of instances (``{"env_id", "task"}``).
         schedule: the run's :class:`Schedule`.
         pad_token_id: for batching.
     """
 
-    def __init__(self, model: Any, generator_model: Any, url: str, prompts: Any, schedule: Schedule,
+    def __init__(self, model: Any, generator_params: list[Any], url: str, prompts: Any, schedule: Schedule,
                  pad_token_id: int):
         import torch
 
-        self.model, self.generator_model, self.url = model, generator_model, url
+        self.model, self.generator_params, self.url = model, generator_params, url
         self.prompts, self.s, self.pad = prompts, schedule, pad_token_id
         self.opt = torch.optim.Adam(model.parameters(), lr=schedule.lr)
         self.version = 0
@@ -256,7 +258,9 @@ class OnlineGRPO:
         import torch
 
         with torch.no_grad():
-            for dst, src in zip(self.generator_model.parameters(), self.model.parameters(), strict=True):
+            for dst, src in zip(self.generator_params, self.model.parameters(), strict=True):
+                if dst.shape != src.shape:  # the two sides loaded different models: copying would corrupt, not fail
+                    raise ValueError(f"generator parameter {tuple(dst.shape)} vs trainer's {tuple(src.shape)}")
                 dst.copy_(src)
 
 
