@@ -64,6 +64,7 @@ from envhub.verifier import Score, as_verifier
 SEED = 1234
 EPISODE_TIMEOUT_S = 300.0
 PROBE_NAMES = [*ANSWER_EDITS, "reward-claim-json", "reward-claim-text", "reward-claim-tools"]
+FOLD_REPLAY = True  # the replay's grading is the re-grading's first (see _grade_task); off: the old path, for benchmarks
 
 log = logging.getLogger(__name__)
 
@@ -192,6 +193,18 @@ async def admit_task(spec: EnvSpec, task: dict[str, Any], run, grader: BoundedGr
     return report
 
 
+def _deterministic(golden: Playthrough, replay: Playthrough) -> Check:
+    """The ``deterministic`` check: the replay's own verdict against the golden's first."""
+    if golden.error:
+        return Check("deterministic", True, "not checked: the golden raised (its task is quarantined)", status="skip")
+    if replay.error or replay.score is None or golden.score is None:
+        return Check("deterministic", False, f"replay raised {(replay.error or '').splitlines()[0]}")
+    if (golden.score.reward, golden.score.passed) != (replay.score.reward, replay.score.passed):
+        return Check("deterministic", False, f"replay with seed {SEED} gave reward {replay.score.reward}, "
+                     f"first run {golden.score.reward}")
+    return Check("deterministic", True, "", golden.score.reward)
+
+
 def shaping_check(spec: EnvSpec, episodes: dict[str, Playthrough]) -> Check:
     """``shaping-hack:total`` (:func:`envhub.probes.shaping_verdict`) for one task's episodes."""
     ok, message, status, total = shaping_verdict(episodes["golden"], episodes.get("shaping-hack"), spec.rewards, _key)
@@ -200,31 +213,28 @@ def shaping_check(spec: EnvSpec, episodes: dict[str, Playthrough]) -> Check:
 
 def _grade_task(task: dict[str, Any], episodes: dict[str, Playthrough], probes: list[Probe],
                 grader: BoundedGrader, budget: Budget, regrades: int, regrader: BoundedGrader) -> TaskReport:
-    """Grade every distinct artifact once (must-fail ones first, the golden's last), then re-grade (``regrade``)."""
+    """Grade every distinct artifact once (must-fail ones first, the golden's last), then re-grade (``regrade``).
+
+    The replay gets a verdict of its own, never the golden's cached one. When its artifacts are the golden's own and
+    the golden passed, that second grading is the re-grading's first call (the rotation starts with the golden): the
+    same call on the same artifacts, made once instead of twice (for a sandboxed grader, one test run per task)."""
     golden, replay = episodes["golden"], episodes["golden-replay"]
     golden_key = _key(golden.artifacts) if not golden.error else None
     first: dict[str, Score] = {}
-    order = sorted((n for n, ep in episodes.items() if not ep.error), key=lambda n: n in ("golden", "golden-replay"))
+    order = sorted((n for n, ep in episodes.items() if not ep.error and n != "golden-replay"),
+                   key=lambda n: n == "golden")
     for name in order:
         k = _key(episodes[name].artifacts)
-        if name == "golden-replay":  # graded on its own: a second verdict for the same artifacts is the point
-            episodes[name].score = grader.grade(task, episodes[name].artifacts)
-            continue
         if k not in first:
             first[k] = grader.grade(task, episodes[name].artifacts)
         episodes[name].score = first[k]
+    fold = (FOLD_REPLAY and golden_key is not None and not replay.error and _key(replay.artifacts) == golden_key
+            and first[golden_key].passed and regrades > 0)
+    if not replay.error and not fold:  # graded on its own: a second verdict for the same artifacts is the point
+        replay.score = grader.grade(task, replay.artifacts)
     by_probe = {f"probe:{p.name}": p for p in probes}
     checks = [_judge("golden", golden, must_pass=True)]
-    if golden.error:
-        checks.append(Check("deterministic", True, "not checked: the golden raised (its task is quarantined)",
-                            status="skip"))
-    elif replay.error or replay.score is None or golden.score is None:
-        checks.append(Check("deterministic", False, f"replay raised {(replay.error or '').splitlines()[0]}"))
-    elif (golden.score.reward, golden.score.passed) != (replay.score.reward, replay.score.passed):
-        checks.append(Check("deterministic", False, f"replay with seed {SEED} gave reward {replay.score.reward}, "
-                            f"first run {golden.score.reward}"))
-    else:
-        checks.append(Check("deterministic", True, "", golden.score.reward))
+    deterministic_at = len(checks)  # filled in after the re-grading, which may make the replay's grading
     for name, ep in episodes.items():
         if name in ("golden", "golden-replay"):
             continue
@@ -248,8 +258,12 @@ def _grade_task(task: dict[str, Any], episodes: dict[str, Playthrough], probes: 
                 and not ep.score.passed and k != golden_key:
             negatives.setdefault(k, (name, ep.artifacts))
     verdicts = {name: ep.score for name, ep in episodes.items() if ep.score is not None}
+    seen: dict[str, Score] = {}
     ok, msg, made, neg = regrade(regrader, task, gold, list(negatives.values()), verdicts, regrades,
-                                    budget.seconds)
+                                 budget.seconds, seen)
+    if fold:  # the re-grading's first call on the golden's artifacts is the replay's verdict
+        replay.score = seen["golden"] if "golden" in seen else grader.grade(task, replay.artifacts)
+    checks.insert(deterministic_at, _deterministic(golden, replay))
     checks.append(Check("regrade", ok, msg))
     report = TaskReport(str(task.get("task_id", "")), checks)
     report.regrade_calls, report.regrade_negatives = made, neg

@@ -105,10 +105,12 @@ def crashed(score: Score) -> str | None:
 
 def regrade(grader: BoundedGrader, task: dict[str, Any], golden: list[tuple[str, dict[str, Any]]],
             negatives: list[tuple[str, dict[str, Any]]], first: dict[str, Score], calls: int,
-            seconds: float) -> tuple[bool, str, int, int]:
+            seconds: float, seen: dict[str, Score] | None = None) -> tuple[bool, str, int, int]:
     """Re-grade in rotation (golden, negative, negative, ...); ``(ok, message, calls made, must-fail calls)``.
 
-    ``first`` maps each name in ``golden`` / ``negatives`` (an episode: ``noop``, ``probe:...``) to its first verdict."""
+    ``first`` maps each name in ``golden`` / ``negatives`` (an episode: ``noop``, ``probe:...``) to its first verdict.
+    ``seen``, when given, receives each name's first *re-grade* verdict (admission's replay check reads the golden's:
+    a second grading of the very same artifacts, so it is not made twice)."""
     rotation: list[tuple[str, dict[str, Any]]] = []
     g = n = 0
     while len(rotation) < 3 * max(len(golden), len(negatives), 1) and (golden or negatives):
@@ -127,6 +129,8 @@ def regrade(grader: BoundedGrader, task: dict[str, Any], golden: list[tuple[str,
     for i in range(calls):
         key, artifacts = rotation[i % len(rotation)]
         score = grader.grade(task, artifacts)
+        if seen is not None:
+            seen.setdefault(key, score)
         made += 1
         neg += key in negative_keys
         before = first[key]

@@ -7,6 +7,7 @@ import pytest
 import envhub
 from envhub import EnvSpec, Response, Score, TextEnv
 from envhub.admission import admit
+from envhub.grading import Budget
 from helpers import make_dist, run_cli
 
 TASKS = [{"task_id": f"t{i}", "answer": str(i * 7)} for i in range(6)]
@@ -70,6 +71,52 @@ def test_nondeterministic_verifier_is_unfit():
     rng = random.Random(0)
     report = admit(spec(verifier=lambda t, a: Score(rng.random(), a.get("answer") == t["answer"])))
     assert not report.fit and any(r.startswith("deterministic") for r in report.unfit_reasons)
+
+
+def test_replay_with_the_goldens_artifacts_is_graded_once_as_the_first_regrade():
+    """The replay's second grading and the re-grading's first golden call are one call on the same artifacts: made
+    once (a sandboxed grader runs the tests once fewer per task), and the replay check still reads its verdict."""
+    answers = []
+
+    def counting(task, artifacts):
+        answers.append(artifacts.get("answer"))
+        return sound(task, artifacts)
+
+    report = admit(spec(verifier=counting), n=1, budget=Budget(regrades=3, min_total=0))
+    checks = {c.name: c for c in report.tasks[0].checks}
+    assert checks["deterministic"].ok and checks["regrade"].ok and report.tasks[0].regrade_calls == 3
+    # first grading, then the rotation's golden (golden, must-fail, must-fail): 2, where grading the replay apart
+    # made 3
+    assert answers.count(TASKS[0]["answer"]) == 2, answers
+
+
+def test_a_verdict_that_changes_on_the_second_grading_fails_the_replay_check():
+    seen = []
+
+    def forgetful(task, artifacts):  # passes the golden's answer the first time only
+        seen.append(artifacts.get("answer"))
+        return sound(task, artifacts) and seen.count(artifacts.get("answer")) == 1
+
+    report = admit(spec(verifier=forgetful), n=1, budget=Budget(regrades=3, min_total=0))
+    checks = {c.name: c for c in report.tasks[0].checks}
+    assert not report.fit and not checks["regrade"].ok
+    assert not checks["deterministic"].ok and "replay with seed" in checks["deterministic"].message
+
+
+@pytest.mark.parametrize("case", ["no re-grading", "golden fails"])
+def test_the_replay_is_graded_apart_when_no_regrade_grades_the_golden(case):
+    answers = []
+
+    def counting(task, artifacts):
+        answers.append(artifacts.get("answer"))
+        return sound(task, artifacts)
+
+    golden = (lambda t, m: t["answer"]) if case == "no re-grading" else (lambda t, m: "wrong")
+    budget = Budget(regrades=0, min_total=0) if case == "no re-grading" else Budget(regrades=3, min_total=0)
+    report = admit(spec(verifier=counting, golden=golden), n=1, budget=budget)
+    checks = {c.name: c for c in report.tasks[0].checks}
+    assert checks["deterministic"].ok and checks["deterministic"].status == "pass"
+    assert answers.count(TASKS[0]["answer"] if case == "no re-grading" else "wrong") == 2, answers
 
 
 def test_env_that_raises_on_malformed_input_is_unfit():
