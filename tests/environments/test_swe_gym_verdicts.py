@@ -253,6 +253,24 @@ def run_runner(tmp_path, module_code: str, test_code: str, audit: bool = True, t
     return verdict.read_records(Path(secret.out).read_text(), secret)
 
 
+def test_runner_modules_load_from_their_precompiled_bytecode(tmp_path, monkeypatch):
+    """The grading interpreter loads the runner's modules from the bytecode ``write_runner`` puts beside them (no
+    compile per grading), and the code is named after the file, as compiling the source would name it (the refuser's
+    and the recorder's checks read the names of the grader's frames)."""
+    import importlib.machinery
+
+    testrun.write_runner(tmp_path, "rn")
+    for part in testrun.SIBLING_SOURCES:
+        path = tmp_path / f"rn_{part}.py"
+        loader = importlib.machinery.SourceFileLoader(f"_probe_{part}", str(path))
+        monkeypatch.setattr(loader, "source_to_code", lambda *a, **k: pytest.fail("the .pyc was refused: compiled"))
+        code = loader.get_code(loader.name)
+        fresh = compile(path.read_text(), str(path), "exec", dont_inherit=True)
+        assert code.co_code == fresh.co_code
+        nested = [c for c in code.co_consts if isinstance(c, type(code))]
+        assert nested and {c.co_filename for c in [code, *nested]} == {str(path)}
+
+
 TRACER = """
 import sys
 

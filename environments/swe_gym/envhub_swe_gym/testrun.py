@@ -17,7 +17,11 @@ Two halves, shared by the dataset generator (which computes FAIL_TO_PASS / PASS_
 """
 from __future__ import annotations
 
+import functools
+import importlib.util
+import marshal
 import re
+import types
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -69,14 +73,40 @@ SIBLING_SOURCES = {part: (Path(__file__).parent / f"verdict_{part}.py").read_tex
                    for part in ("instrument", "checker", "refuser")}
 
 
-def write_runner(directory: Path, stem: str) -> Path:
-    """Write the verdict runner as ``directory/stem.py`` with its two modules beside it (``stem_instrument.py``,
-    ``stem_checker.py``: the names the runner looks for); return the runner's path."""
+def write_runner(directory: Path, stem: str, precompiled: bool = True) -> Path:
+    """Write the verdict runner as ``directory/stem.py`` with its modules beside it (``stem_instrument.py``,
+    ``stem_checker.py``, ``stem_refuser.py``: the names the runner looks for); return the runner's path.
+
+    ``precompiled``: each module's bytecode goes beside it too (``__pycache__``), compiled once per process, so the
+    grading interpreter (``-B``: it writes no cache) loads it instead of compiling ~900 lines at every grading. The
+    interpreter checks it against the source's size and time as any import does, and names the code after the
+    file it loads (``co_filename``), as compiling it would; a mismatch (another Python version) compiles the
+    source."""
     for part, source in SIBLING_SOURCES.items():
-        (directory / f"{stem}_{part}.py").write_text(source)
+        path = directory / f"{stem}_{part}.py"
+        path.write_text(source)
+        if precompiled:
+            write_bytecode(path, _sibling_code(part))
     runner = directory / f"{stem}.py"
     runner.write_text(RUNNER_SOURCE)
     return runner
+
+
+@functools.lru_cache(maxsize=None)
+def _sibling_code(part: str) -> types.CodeType:
+    # optimize=0: the runner's interpreter runs without -O; the file name is replaced by the real one at load
+    return compile(SIBLING_SOURCES[part], f"verdict_{part}.py", "exec", dont_inherit=True, optimize=0)
+
+
+def write_bytecode(source: Path, code: types.CodeType) -> Path:
+    """Write ``code`` as ``source``'s cached bytecode (a timestamp ``.pyc``, what ``py_compile`` writes by default)."""
+    st = source.stat()
+    pyc = Path(importlib.util.cache_from_source(str(source), optimization=""))
+    pyc.parent.mkdir(exist_ok=True)
+    header = importlib.util.MAGIC_NUMBER + b"\0\0\0\0" + (int(st.st_mtime) & 0xFFFFFFFF).to_bytes(4, "little") \
+        + (st.st_size & 0xFFFFFFFF).to_bytes(4, "little")
+    pyc.write_bytes(header + marshal.dumps(code))
+    return pyc
 
 
 def runner_command(python: str, runner: str, test_files: list[str], ini_path: str, rootdir: str) -> list[str]:
