@@ -13,9 +13,14 @@ def _json_args(text: str) -> Any:
     # Cached: the same history is rendered every turn. The parsed value is shared between renderings, which is
     # safe because templates run in jinja's immutable sandbox (no method can modify a dict or list).
     try:
-        return json.loads(text) if text.strip() else {}
+        value = json.loads(text) if text.strip() else {}
     except json.JSONDecodeError:
         return text  # left as the model wrote it
+    try:  # a lone surrogate escape ("\ud800", which a model can write) parses into a string no tokenizer encodes
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return text  # left as the model wrote it, as invalid JSON is: the render must not fail on it
+    return value
 
 
 def normalize_messages(messages: list[Message]) -> list[dict[str, Any]]:

@@ -33,7 +33,7 @@ from typing import Any
 from envhub.backends.base import SamplingParams
 from envhub.backends.lifecycle import generate_tagged
 from envhub.gateway.matching import resolve
-from envhub.gateway.messages import BadRequest, ContextLengthExceeded, prepare
+from envhub.gateway.messages import BadRequest, ContextLengthExceeded, prepare, unicode_text
 from envhub.gateway.records import CallRecord, Session, new_id
 
 log = logging.getLogger("envhub.gateway.core")
@@ -382,5 +382,8 @@ def tools_key(tools: list[dict[str, Any]] | None) -> str:
 
     Returns:
         The JSON string (``"[]"`` for no tools).
+
+    Raises:
+        BadRequest: a tool holding a lone UTF-16 surrogate (no tokenizer could render it).
     """
-    return json.dumps(tools or [], ensure_ascii=False)
+    return unicode_text(json.dumps(tools or [], ensure_ascii=False), "tools")

@@ -40,6 +40,19 @@ TEXT_PARTS = ("text", "input_text", "output_text")
 BILLING_HEADER = "x-anthropic-billing-header"
 
 
+def unicode_text(text: str, where: str) -> str:
+    """``text`` if it is Unicode a tokenizer can encode; a :class:`BadRequest` naming ``where`` if it holds a lone
+    UTF-16 surrogate (JSON's ``"\\ud800"`` without its pair parses into a Python string, then fails in the tokenizer:
+    a client's mistake, not the gateway's 500)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise BadRequest(f"{where} holds a lone UTF-16 surrogate ({text[e.start]!r} at character {e.start}), which is "
+                         f"not a Unicode character: send the character itself or both halves of its \\u pair",
+                         param=where) from None
+    return text
+
+
 def content_text(content: Any, where: str) -> str:
     """Message content as the text a chat template renders, the way vLLM's server flattens it: a string as is,
     ``None`` as ``""``, text parts joined with ``"\n"``. A part that is not text (an image, audio, a file) is refused:
@@ -47,14 +60,14 @@ def content_text(content: Any, where: str) -> str:
     if content is None:
         return ""
     if isinstance(content, str):
-        return content
+        return unicode_text(content, where)
     if not isinstance(content, list):
         raise BadRequest(f"{where} must be a string or a list of content parts, got {type(content).__name__}",
                          param=where)
     texts = []
     for j, part in enumerate(content):
         if isinstance(part, str):
-            texts.append(part)
+            texts.append(unicode_text(part, f"{where}[{j}]"))
             continue
         kind = part.get("type") if isinstance(part, dict) else type(part).__name__
         if kind not in TEXT_PARTS and not (isinstance(part, dict) and kind is None and "text" in part):
@@ -63,7 +76,7 @@ def content_text(content: Any, where: str) -> str:
         text = part.get("text")
         if not isinstance(text, str):
             raise BadRequest(f"{where}[{j}].text must be a string", param=f"{where}[{j}].text")
-        texts.append(text)
+        texts.append(unicode_text(text, f"{where}[{j}].text"))
     return "\n".join(texts)
 
 
@@ -96,6 +109,7 @@ def _clean(m: Any, i: int) -> dict[str, Any]:
             if not isinstance(fn, dict) or not fn.get("name"):
                 raise BadRequest(f"messages[{i}].tool_calls[{j}] needs function.name", param=f"messages[{i}].tool_calls")
             calls.append(tool_call(str(c.get("id") or ""), str(fn["name"]), fn.get("arguments", "{}")))
+        unicode_text(json.dumps(calls, ensure_ascii=False), f"messages[{i}].tool_calls")
         out["tool_calls"] = calls
     if role == "tool":
         out["tool_call_id"] = str(m.get("tool_call_id") or "")

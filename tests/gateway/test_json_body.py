@@ -97,6 +97,7 @@ def test_over_http_every_reply_is_what_json_loads_gave(gateway, monkeypatch):
     fast = _replies(gw, srv, HTTP_BODIES)
     monkeypatch.setattr(app_mod, "_pydantic_core", None)  # the old parse: json.loads only
     assert _replies(gw, srv, HTTP_BODIES) == fast
-    # (the lone surrogate parses, then fails in the tokenizer: whatever that answers, it answered before too)
+    # the lone surrogate parses (both ways), then is the client's 400 (tests/gateway/test_lone_surrogates.py)
+    assert fast[0][0] == 400 and "lone UTF-16 surrogate" in fast[0][1]["message"]
     assert fast[1][0] == 200 and fast[2][0] == 400 and "not a JSON value" in fast[2][1]["message"]
     assert [r[0] for r in fast[3:]] == [400, 400]
