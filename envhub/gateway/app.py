@@ -56,7 +56,6 @@ import contextlib
 import hmac
 import json
 import logging
-import math
 from typing import Any
 
 from envhub.backends.lifecycle import MODES, LifecycleError
@@ -64,7 +63,9 @@ from envhub.gateway import areal
 from envhub.gateway.builders import BUILDERS, REWARD_MODES, build, summary
 from envhub.gateway.core import Gateway, UpstreamError
 from envhub.gateway.dialects import anthropic, chat, gemini, responses
+from envhub.gateway.asgi import HTTPError, _choice, _disconnected, _key_of, _number, _send
 from envhub.gateway.messages import BadRequest, ContextLengthExceeded
+from envhub.gateway.prometheus import GATEWAY_COUNTERS, _GatewayCollector  # noqa: F401 (re-exported)
 from envhub.rollout.staleness import GateError, NoCapacity, http_route
 from envhub.http.limits import DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, BodyRefused, RequestGuard, read_body
 
@@ -77,12 +78,6 @@ log = logging.getLogger(__name__)
 MODEL_ROUTES = {"/v1/chat/completions": chat, "/chat/completions": chat, "/v1/responses": responses,
                 "/responses": responses, "/v1/messages": anthropic, "/messages": anthropic}
 COUNT_ROUTES = ("/v1/messages/count_tokens", "/messages/count_tokens")
-
-
-class HTTPError(Exception):
-    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None):
-        super().__init__(message)
-        self.status, self.param, self.code = status, param, code
 
 
 class GatewayApp:
@@ -395,77 +390,3 @@ def parse_json(raw: bytes) -> Any:
 
 def _not_json(constant: str) -> Any:
     raise ValueError(f"{constant} is not a JSON value (a NaN or infinite number would make the export invalid JSON)")
-
-
-def _number(body: dict[str, Any], name: str, default: float | None) -> float:
-    """A finite number field (``default`` when absent; required when ``default`` is None)."""
-    v = body.get(name, default) if default is not None else body.get(name)
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        raise HTTPError(400, f"{name} must be a finite number, got {v!r}", param=name)
-    return float(v)
-
-
-def _choice(body: dict[str, Any], name: str, options: tuple[str, ...]) -> str:
-    """One of ``options`` (the first is the default)."""
-    v = body.get(name, options[0])
-    if v not in options:
-        raise HTTPError(400, f"{name} must be one of {', '.join(map(repr, options))}; got {v!r}", param=name)
-    return str(v)
-
-
-async def _disconnected(receive: Any) -> None:
-    while (await receive())["type"] != "http.disconnect":
-        pass
-
-
-def _key_of(headers: dict) -> str | None:
-    auth = headers.get(b"authorization", b"").decode("latin-1")
-    if auth[:7].lower() == "bearer ":
-        return auth[7:].strip()
-    x = headers.get(b"x-api-key") or headers.get(b"x-goog-api-key")  # Anthropic's, Gemini's
-    return x.decode("latin-1").strip() if x else None
-
-
-GATEWAY_COUNTERS = {
-    "calls": "Model calls served.", "spliced": "Calls that continued a chain (their prompt extends an earlier call's).",
-    "new_chains": "Calls that began a new chain.", "errors": "Calls that failed.",
-    "drift_checks": "Spliced calls also rendered canonically to compare.",
-    "drift": "Drift checks whose canonical rendering differed from the spliced tokens.",
-}
-
-
-class _GatewayCollector:
-    """The gateway's figures as ``prometheus_client`` families, read at scrape time (nothing on the call path)."""
-
-    def __init__(self, app: GatewayApp):
-        self.app = app
-
-    def describe(self) -> list[Any]:
-        return []
-
-    def collect(self) -> Any:
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-
-        stats = self.app._stats()
-        for key, doc in GATEWAY_COUNTERS.items():
-            c = CounterMetricFamily(f"envhub_gateway_{key}", doc)
-            c.add_metric([], stats.get(key, 0))
-            yield c
-        for key, doc in (("sessions", "Sessions open."), ("capacity", "Sessions granted and not yet started.")):
-            g = GaugeMetricFamily(f"envhub_gateway_{key}", doc)
-            g.add_metric([], stats[key])
-            yield g
-        gate = self.app.gw.gate.status()
-        for key, value in sorted(gate.items()):  # the staleness gate's version, running, accepted, counts...
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
-                g = GaugeMetricFamily(f"envhub_gate_{key}", f"The staleness gate's {key} (GET /staleness).")
-                g.add_metric([], float(value))
-                yield g
-
-
-async def _send(send: Any, status: int, payload: dict[str, Any] | bytes) -> None:
-    body = payload if isinstance(payload, bytes) else json.dumps(payload, ensure_ascii=False,
-                                                                  separators=(",", ":")).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
-    await send({"type": "http.response.body", "body": body})
