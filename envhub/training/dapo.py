@@ -115,7 +115,10 @@ class DAPOCollector:
         prompts: instances (``{"env_id", "task" | "task_id", ...}``), consumed in order; an iterator may be endless.
         group_size: samples per prompt.
         max_inflight: jobs outstanding at most (rounded down to whole groups, at least one group).
-        sampling_params: sent with every job; a ``seed`` is offset by the sample index.
+        sampling_params: sent with every job; a ``seed`` is offset by the sample's index in the run (group order x
+            ``group_size`` + index in the group), so every sample draws its own random stream: offset by the index
+            in the group alone, every group's k-th sample drew the same stream, and groups of similar prompts came
+            out alike (all of them without reward variance, in one seed's run of ``examples/online_grpo``).
         carry_groups: groups kept running past the target into the next call (default: the call's ``n_groups``).
         max_staleness: carried groups older than this many policy versions are dropped (``None``: never).
         drop_failed: drop a group when one of its samples failed (error / timeout / cancelled).
@@ -240,7 +243,7 @@ class DAPOCollector:
         for k, job_id in enumerate(pending.job_ids):
             params = dict(self.sampling_params)
             if isinstance(params.get("seed"), int):
-                params["seed"] += k
+                params["seed"] += order * self.group_size + k
             if self._version is not None:
                 params["policy_version"] = self._version
             # group_id / group_size: the server's staleness gate admits the group's jobs together

@@ -173,6 +173,34 @@ async def test_dapo_drops_stale_groups_and_stops_when_prompts_run_out(serve):
         assert few.stats["zero_variance"] == 3
 
 
+class SeedRecorder:
+    """A client that notes the sampling seed of every job it sends, then sends it."""
+
+    def __init__(self, client):
+        self._client, self.seeds = client, []
+
+    def __getattr__(self, name):
+        return getattr(self._client, name)
+
+    async def process(self, instance, params, **kw):
+        self.seeds.append(params.get("seed"))
+        return await self._client.process(instance, params, **kw)
+
+
+async def test_dapo_gives_every_sample_of_the_run_its_own_seed(serve):
+    """A seed offset by the index in the group alone gave every group's k-th sample the same random stream: groups of
+    similar prompts came out alike (in one seed's run of the online GRPO example, all without reward variance)."""
+    srv = serve(run_workers=8)
+    async with RolloutClient(srv.url) as c:
+        rec = SeedRecorder(c)
+        dapo = DAPOCollector(rec, coin_prompts(400), group_size=4, max_inflight=16, sampling_params={"seed": 7})
+        await dapo.collect(3)
+        await dapo.close()
+    assert len(rec.seeds) >= 12 and all(isinstance(x, int) for x in rec.seeds)
+    assert len(set(rec.seeds)) == len(rec.seeds), sorted(rec.seeds)  # no two samples share a stream
+    assert min(rec.seeds) == 7  # the run's seed is where the streams start: a rerun draws the same ones
+
+
 async def test_dapo_gives_up_after_max_groups_and_keeps_what_it_found(serve):
     """A policy whose samples all score alike (here: a coin that never lands) makes every group zero-variance; with
     ``max_groups`` the collector raises a clear error after that many groups instead of resubmitting forever, and hands
