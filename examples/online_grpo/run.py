@@ -126,6 +126,8 @@ async def main(argv: list[str] | None = None) -> list[Report]:
     ap.add_argument("--groups", type=int, default=8)
     ap.add_argument("--group-size", type=int, default=8)
     ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--minibatches", type=int, default=1,
+                    help="optimizer steps per batch, every schedule (AReaL's ppo_n_minibatches)")
     ap.add_argument("--latency-s", type=float, default=0.3, help="median tool latency (0: no tail)")
     ap.add_argument("--latency-sigma", type=float, default=1.5)
     ap.add_argument("--seed", type=int, default=0)
@@ -151,6 +153,7 @@ async def main(argv: list[str] | None = None) -> list[Report]:
     for name in args.schedules.split(","):
         steps = args.steps if SCHEDULES[name]["eta"] == 0 or args.steps_async is None else args.steps_async
         sched = Schedule(name=name, steps=steps, groups=args.groups, group_size=args.group_size, lr=args.lr,
+                         minibatches=args.minibatches,
                          seed=args.seed, **SCHEDULES[name])
         t = time.monotonic()
         report = await run_schedule(sched, model_path, latency_s=args.latency_s, latency_sigma=args.latency_sigma,

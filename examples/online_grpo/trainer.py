@@ -44,6 +44,7 @@ class Schedule:
     groups: int = 8  # informative groups per step
     group_size: int = 8
     lr: float = 2e-3
+    minibatches: int = 1  # optimizer steps per batch (AReaL's ppo_n_minibatches), against one proximal policy
     max_tokens: int = 12  # eight digits and the end of the turn, with room to overrun
     temperature: float = 1.0
     pause_mode: str = "abort"  # "hold" keeps the calls in flight waiting; "abort" re-sends them after the resume
@@ -230,25 +231,31 @@ class OnlineGRPO:
         mask = batch["loss_mask"]
         behave = batch["logprobs"][:, 1:]
 
-        def logprobs() -> torch.Tensor:
-            out = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                             position_ids=batch["position_ids"])
-            return token_logprobs(out.logits, batch["input_ids"])
+        def logprobs(rows: Any) -> torch.Tensor:
+            out = self.model(input_ids=batch["input_ids"][rows], attention_mask=batch["attention_mask"][rows],
+                             position_ids=batch["position_ids"][rows])
+            return token_logprobs(out.logits, batch["input_ids"][rows])
 
-        if self.s.decoupled and self.s.prox == "loglinear":  # no second forward pass: interpolated from versions
-            logp = logprobs()
-            prox = loglinear_proximal_logprobs(behave, logp.detach(), batch["versions"][:, 1:], self.version)
-            loss = decoupled_ppo_loss(logp, prox, behave, advantages, mask)
-        elif self.s.decoupled:
-            with torch.no_grad():
-                prox = logprobs()  # the weights about to be updated: AReaL's proximal policy, recomputed
-            loss = decoupled_ppo_loss(logprobs(), prox, behave, advantages, mask)
-        else:
-            loss = policy_gradient_loss(logprobs(), behave, advantages, mask)
-        self.opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
-        self.opt.step()
+        recomputed = None
+        if self.s.decoupled and self.s.prox != "loglinear":
+            with torch.no_grad():  # the weights about to be updated: AReaL's proximal policy, recomputed once
+                recomputed = logprobs(slice(None))
+        # AReaL's ppo_n_minibatches: one optimizer step per minibatch, against the same proximal policy; with one,
+        # the recomputed proximal policy *is* the policy being updated and its clip never binds
+        for rows in torch.arange(len(trajs)).chunk(max(1, min(self.s.minibatches, len(trajs)))):
+            logp = logprobs(rows)
+            if self.s.decoupled and self.s.prox == "loglinear":  # no extra forward: interpolated from versions
+                prox = loglinear_proximal_logprobs(behave[rows], logp.detach(), batch["versions"][rows, 1:],
+                                                   self.version)
+                loss = decoupled_ppo_loss(logp, prox, behave[rows], advantages[rows], mask[rows])
+            elif recomputed is not None:
+                loss = decoupled_ppo_loss(logp, recomputed[rows], behave[rows], advantages[rows], mask[rows])
+            else:
+                loss = policy_gradient_loss(logp, behave[rows], advantages[rows], mask[rows])
+            self.opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+            self.opt.step()
         reward = sum(float(t.reward or 0.0) for t in trajs) / len(trajs)
         return reward, lags, len(trajs)
 
