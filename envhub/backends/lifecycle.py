@@ -22,7 +22,9 @@ Two modes, after AReaL / verl (abort) and OpenRLHF / PipelineRL / NeMo RL (keep)
 
 A backend that cannot stop between tokens (an HTTP server without a pause route) is *drained* instead: ``pause``
 waits until its calls in flight have finished, so the weights never change under a running call and the tags stay
-exact. Calls that arrive while paused wait (on the event loop, no thread each) until ``resume``.
+exact. A server that has its own pause route and tags tokens itself (vLLM's RL routes in dev mode) is driven
+instead: :meth:`WeightLifecycle.add_engine` (:mod:`envhub.backends.vllm_http`); ``pause`` then pauses the server
+(``abort`` → vLLM ``abort``, ``hold`` → vLLM ``keep``) and ``resume`` tells it the version before it samples again. Calls that arrive while paused wait (on the event loop, no thread each) until ``resume``.
 
 Bounded everywhere: ``pause`` waits at most ``timeout_s`` for in-flight calls (then it un-pauses and raises
 :class:`LifecycleError`), and a call waits at most ``max_pause_s`` for a resume (then it fails with
@@ -70,6 +72,7 @@ class WeightLifecycle:
         self._paused_at: float | None = None
         self._pauses: list[tuple[float, float]] = []   # (start, end) of every finished pause, monotonic clock
         self.counts = {"pauses": 0, "held": 0, "aborted": 0, "resumed_chunks": 0}
+        self.engines: list[Any] = []  # servers paused / resumed / told the version by their own routes (add_engine)
 
     # ---- the trainer's side ------------------------------------------------------------------------------------
     def pause(self, mode: str = "hold", *, timeout_s: float = 60.0) -> dict[str, Any]:
@@ -84,6 +87,11 @@ class WeightLifecycle:
                 raise LifecycleError("already paused: resume first (one pause per weight update)")
             self.paused, self.mode, self._paused_at = True, mode, t0
             self.counts["pauses"] += 1
+            engines = list(self.engines)
+        if engines:
+            self._pause_engines(engines, mode, t0 + timeout_s)
+            return {"version": self.version, "mode": mode, "waited_s": time.monotonic() - t0}
+        with self._cond:
             if not self._cond.wait_for(lambda: self._active == 0, timeout=timeout_s):
                 running = self._active
                 self._end_pause()
@@ -96,12 +104,56 @@ class WeightLifecycle:
         with self._cond:
             if not self.paused:
                 raise LifecycleError("resume without a pause")
+            if version is not None and int(version) < self.version:
+                raise LifecycleError(f"version going backwards: {version} < current {self.version}")
+            engines = list(self.engines)
+        # servers first: each is told the version before it samples again (so its own tags and ours agree); a
+        # server that fails leaves the lifecycle paused, and resume can be called again
+        for engine in engines:
             if version is not None:
-                if int(version) < self.version:
-                    raise LifecycleError(f"version going backwards: {version} < current {self.version}")
+                engine.set_version(int(version))
+        with self._cond:
+            if version is not None:
                 self.version = int(version)
-            self._end_pause()
+        for engine in engines:
+            engine.resume()
+        with self._cond:
+            if self.paused:
+                self._end_pause()
         return {"version": self.version}
+
+    def add_engine(self, engine: Any) -> None:
+        """Drive a server's own pause / resume routes (e.g. :class:`~envhub.backends.vllm_http.VLLMServerControl`:
+        ``check()``, ``pause(mode, timeout_s)``, ``set_version(v)``, ``resume()``, each bounded, each raising
+        :class:`LifecycleError`). The server is checked and told the current version now. With engines, ``pause``
+        returns once every server has paused (its own guarantee that nothing samples; a call in flight gets its
+        partial output back in ``abort`` mode, or stays frozen in the server in ``hold``) instead of draining."""
+        engine.check()
+        with self._cond:
+            if self.paused:
+                raise LifecycleError("add_engine while paused: resume first")
+            version = self.version
+        engine.set_version(version)
+        with self._cond:
+            self.engines.append(engine)
+
+    def _pause_engines(self, engines: list[Any], mode: str, deadline: float) -> None:
+        for i, engine in enumerate(engines):
+            try:
+                engine.pause(mode, timeout_s=deadline - time.monotonic())
+            except Exception as e:
+                # undo: resume the servers paused so far and this one (its pause may have landed after the
+                # timeout), un-pause here; nothing stays stuck, the trainer may pause again
+                for other in engines[: i + 1]:
+                    try:
+                        other.resume()
+                    except Exception:  # noqa: BLE001, S110 - the pause's error is the one to report
+                        pass
+                with self._cond:
+                    self._end_pause()
+                if isinstance(e, LifecycleError):
+                    raise
+                raise LifecycleError(f"pause failed on {engine!r}: {type(e).__name__}: {e}") from e
 
     def set_version(self, version: int) -> None:
         """Bump the version without a pause: only for weights that changed while nothing sampled (e.g. before
@@ -112,6 +164,10 @@ class WeightLifecycle:
             if self._active and not self.paused:
                 raise LifecycleError("set_version while generations are sampling would mislabel their tokens: "
                                      "pause first")
+            engines = list(self.engines)
+        for engine in engines:  # a server tags its tokens itself: tell it first
+            engine.set_version(int(version))
+        with self._cond:
             self.version = int(version)
 
     def _end_pause(self) -> None:  # with self._cond held

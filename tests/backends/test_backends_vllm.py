@@ -205,6 +205,22 @@ def test_in_process_vllm_backend_matches_hf(vllm_ready, model_dir, hf_ref, promp
         assert max(abs(a - b) for a, b in zip(gen["logprobs"], ref.logprobs)) < TOL
 
 
+async def test_a_server_without_rl_routes_is_a_clear_error(server):
+    """This tier's server runs without ``VLLM_SERVER_DEV_MODE`` and ``--enable-scale-out`` (#25): the lifecycle
+    refuses to drive it (it would only be drained), and the token-in/token-out backend gets vLLM's own 403."""
+    from envhub.backends.lifecycle import LifecycleError, WeightLifecycle
+    from envhub.backends.vllm_http import VLLMGenerateBackend, VLLMServerControl
+
+    lc = WeightLifecycle()
+    with pytest.raises(LifecycleError, match="VLLM_SERVER_DEV_MODE=1"):
+        lc.add_engine(VLLMServerControl(server.url))
+    assert lc.engines == []
+    backend = VLLMGenerateBackend(server.url)
+    with pytest.raises(BackendError, match="HTTP 403.*enable-scale-out"):
+        await backend.generate([5, 6, 7], SamplingParams(max_tokens=2))
+    await backend.close()
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-s", "-q"]))
 

@@ -57,7 +57,7 @@ class VLLMServer:
     """``with VLLMServer(model_dir) as server: server.url`` — a running vLLM server, stopped on exit."""
 
     def __init__(self, model_dir: str | Path, *, served_name: str = "tiny", log_path: str | Path | None = None,
-                 startup_timeout: float = 300.0, max_model_len: int = 2048):
+                 startup_timeout: float = 300.0, max_model_len: int = 2048, rl_routes: bool = False):
         self.model_dir = str(model_dir)
         self.served_name = served_name
         self.port = free_port()
@@ -65,6 +65,9 @@ class VLLMServer:
         self.log_path = Path(log_path or f"/tmp/envhub-vllm-{self.port}.log")
         self.startup_timeout = startup_timeout
         self.max_model_len = max_model_len
+        # vLLM's RL routes: VLLM_SERVER_DEV_MODE=1 registers /pause, /resume, /update_weight_version,
+        # /collective_rpc...; --enable-scale-out opens /inference/v1/generate (token ids in, per-token versions out)
+        self.rl_routes = rl_routes
         self.proc: subprocess.Popen | None = None
         self.startup_s = 0.0
 
@@ -72,15 +75,28 @@ class VLLMServer:
         return [str(vllm_python()), "-m", "vllm.entrypoints.openai.api_server", "--model", self.model_dir,
                 "--served-model-name", self.served_name, "--host", "127.0.0.1", "--port", str(self.port),
                 "--dtype", "float32", "--enforce-eager", "--max-model-len", str(self.max_model_len),
-                "--seed", "0"]
+                "--seed", "0"] + (["--enable-scale-out"] if self.rl_routes else [])
 
     def start(self) -> VLLMServer:
+        return self.launch().wait_ready()
+
+    def launch(self) -> VLLMServer:
+        """Start the process and return at once (:meth:`wait_ready` waits): a caller with its own set-up to do
+        overlaps it with the server's minute of start-up."""
         argv = self.argv()
-        t0 = time.monotonic()
+        self._t0 = time.monotonic()
         self._log = open(self.log_path, "wb")
         # a new session: the server and its engine/worker children form one process group to kill at the end
-        self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, env=cpu_env(),
+        env = cpu_env()
+        if self.rl_routes:
+            env["VLLM_SERVER_DEV_MODE"] = "1"
+        self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, env=env,
                                      start_new_session=True, cwd="/tmp")
+        return self
+
+    def wait_ready(self) -> VLLMServer:
+        assert self.proc is not None, "launch() first"
+        t0 = self._t0
         deadline = t0 + self.startup_timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
