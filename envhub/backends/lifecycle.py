@@ -14,8 +14,9 @@ Two modes, after AReaL / verl (abort) and OpenRLHF / PipelineRL / NeMo RL (keep)
 
 * ``"hold"``: a generation in flight stops between two tokens and continues under the new weights once resumed.
   A backend that decodes step by step (the ``hf`` backend) re-runs the context under the new weights before the
-  next token, so each token's logprob is exactly its tagged version's (vLLM's ``keep`` mode keeps the stale KV
-  cache instead; envhub does not).
+  next token, so each token's logprob is exactly its tagged version's. A vLLM server driven through its own routes
+  does the same (:mod:`envhub.backends.vllm_http` drops its KV at the pause; vLLM's keep without that reuses
+  stale keys and values).
 * ``"abort"``: a generation in flight returns what it sampled so far (``finish_reason="abort"``), and
   :func:`generate_tagged` re-sends it after the resume as prompt + partial output with the remaining
   ``max_tokens``: the caller gets one :class:`Generation` whose chunks carry their own versions.
