@@ -174,3 +174,15 @@ def test_a_failed_resume_leaves_the_lifecycle_paused_and_can_be_retried(fake):
     assert lc.paused and lc.version == 1  # the server was told 1; calls still wait, bounded by max_pause_s
     srv.fail_resume = False
     assert lc.resume(version=1) == {"version": 1} and not lc.paused
+
+
+def test_set_version_without_a_pause_tells_the_server_first(fake):
+    srv = fake()
+    lc = WeightLifecycle()
+    lc.add_engine(VLLMServerControl(srv.url))
+    lc.set_version(3)
+    assert lc.version == 3 and srv.calls[-1] == "/update_weight_version"
+    srv.behaviour = "no-dev-mode"  # the server lost its routes: refused, the lifecycle's version unchanged
+    with pytest.raises(LifecycleError, match="404"):
+        lc.set_version(4)
+    assert lc.version == 3
