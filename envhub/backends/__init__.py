@@ -28,6 +28,10 @@ def make_backend(spec: str, *, policy: Any = None, codec: Any = None, **kwargs: 
     * ``"http://host:port"`` (or ``https://``): :class:`~envhub.backends.openai.OpenAIBackend` on vLLM's
       ``/v1/completions``; ``"sglang+http://host:port"`` uses SGLang's ``/generate``. Several addresses separated
       by commas make a :class:`~envhub.backends.pool.BackendPool` of them.
+    * ``"vllm-rl+http://host:port"``: a vLLM server with its RL routes (``VLLM_SERVER_DEV_MODE=1``,
+      ``--enable-scale-out``): :class:`~envhub.backends.vllm_http.VLLMGenerateBackend` (the server's own per-token
+      versions) with a :class:`~envhub.backends.vllm_http.VLLMServerControl` attached to its lifecycle, so a
+      ``pause`` / ``resume`` (the service's or the gateway's ``POST /pause``) pauses and resumes the server itself.
     * ``"chat+http://host:port"``: :class:`~envhub.backends.chat.ChatBackend`, any OpenAI-compatible chat endpoint,
       text only (evaluation, not training; ``api_model=`` names the model to ask for).
     * ``"vllm:MODEL"``: :class:`~envhub.backends.vllm.VLLMBackend` (in-process engine; needs vllm installed).
@@ -59,6 +63,14 @@ def make_backend(spec: str, *, policy: Any = None, codec: Any = None, **kwargs: 
 
         if spec.startswith("sglang+"):
             return OpenAIBackend(spec[len("sglang+"):], api="sglang", **kwargs)
+        if spec.startswith("vllm-rl+"):
+            from envhub.backends.lifecycle import lifecycle_of
+            from envhub.backends.vllm_http import VLLMGenerateBackend, VLLMServerControl
+
+            url = spec[len("vllm-rl+"):]
+            backend = VLLMGenerateBackend(url, **kwargs)
+            lifecycle_of(backend).add_engine(VLLMServerControl(url))  # checks the routes, sets the version
+            return backend
         return OpenAIBackend(spec, **kwargs)
     if spec.startswith("vllm:"):
         from envhub.backends.vllm import VLLMBackend
@@ -70,7 +82,8 @@ def make_backend(spec: str, *, policy: Any = None, codec: Any = None, **kwargs: 
 
 
 def _is_url(s: str) -> bool:
-    return s.startswith(("http://", "https://", "sglang+http://", "sglang+https://"))
+    return s.startswith(("http://", "https://", "sglang+http://", "sglang+https://", "vllm-rl+http://",
+                         "vllm-rl+https://"))
 
 
 def _model_dir(name: str) -> str:

@@ -123,7 +123,12 @@ class BackendPool(LLMBackend):
                 raise ValueError(f"a different backend is already in the pool as {name!r}; remove it first")
             member.healthy, member.last_error = True, None
             return name
-        backend.lifecycle = lifecycle_of(self)  # type: ignore[attr-defined]  # one policy: one version, one pause
+        shared, own = lifecycle_of(self), getattr(backend, "lifecycle", None)
+        if own is not None and own is not shared:
+            for engine in own.engines:  # a server paused by its own routes (vllm-rl+): the pool's pause reaches it
+                if engine not in shared.engines:
+                    shared.add_engine(engine)
+        backend.lifecycle = shared  # type: ignore[attr-defined]  # one policy: one version, one pause
         member = _Member(name, backend)
         self._members[name] = member
         self._push(member)

@@ -186,3 +186,27 @@ def test_set_version_without_a_pause_tells_the_server_first(fake):
     with pytest.raises(LifecycleError, match="404"):
         lc.set_version(4)
     assert lc.version == 3
+
+
+def test_the_vllm_rl_spec_attaches_the_server_and_a_pool_pauses_every_one(fake):
+    """``make_backend("vllm-rl+http://…")`` is how the CLI, the service and the gateway get a server driven by its own
+    routes; in a pool (several addresses, or the service's pool) the pool's one lifecycle must reach every server."""
+    from envhub.backends import make_backend
+    from envhub.backends.lifecycle import lifecycle_of
+    from envhub.backends.vllm_http import VLLMGenerateBackend
+
+    a, b = fake(), fake()
+    single = make_backend(f"vllm-rl+{a.url}")
+    assert isinstance(single, VLLMGenerateBackend) and len(lifecycle_of(single).engines) == 1
+    assert a.calls == ["/is_paused", "/update_weight_version"]
+    pool = make_backend(f"vllm-rl+{a.url},vllm-rl+{b.url}")
+    lc = lifecycle_of(pool)
+    assert len(lc.engines) == 2 and all(lifecycle_of(m) is lc for m in pool.backends.values())
+    lc.pause("abort")
+    lc.resume(version=2)
+    for srv in (a, b):
+        assert srv.calls[-4:] == ["/pause?mode=abort&clear_cache=true", "/update_weight_version",
+                                  "/reset_prefix_cache?reset_running_requests=true", "/resume"], srv.calls
+    no_dev = fake("no-dev-mode")
+    with pytest.raises(LifecycleError, match="VLLM_SERVER_DEV_MODE=1"):
+        make_backend(f"vllm-rl+{no_dev.url}")
