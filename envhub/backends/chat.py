@@ -122,6 +122,7 @@ class ChatBackend(LLMBackend):
         tools = getattr(session.codec, "tools", None)
         if tools:
             out["tools"] = tools
+        out.update(params.extra)  # the server's own request fields (llama.cpp's grammar, cache_prompt), as openai.py
         return out
 
     async def served_model(self) -> str:

@@ -19,6 +19,7 @@ import time
 import uuid
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Coroutine
 
 from envhub.backends.base import LLMBackend, SamplingParams
@@ -56,17 +57,22 @@ class JudgeModel:
             directory, ``http://...``, ``chat+http://...``, ``vllm:...``).
         tokenizer: the tokenizer whose chat template renders the judge's prompt (default: the model directory's,
             when ``backend`` names a local model; required for a URL, where any chat tokenizer serves the
-            text-only chat backend).
+            text-only chat backend), or a model name/directory loaded on the first judgment (so an env can build
+            its judge at import without importing transformers).
         name: what ``Score.details["judge_model"]`` and the cache key call this judge (default: the spec string or
             the backend's ``repr``).
         max_tokens: the longest reply (a verdict is one short line of reasoning and one line).
         seed: fixed, with ``temperature=0``: the same prompt gets the same reply from a deterministic engine.
+        decoding: backend-specific request fields sent with every judgment (``SamplingParams.extra``), e.g. a
+            llama.cpp ``grammar`` that constrains the reply to the verdict format
+            (:func:`envhub.judging.grammar.verdict_decoding`). A decoding setting, not a parser: the reply is still
+            read by the strict parser, and anything else is still a crash.
     """
 
     def __init__(self, backend: LLMBackend | str, *, tokenizer: Any = None, name: str | None = None,
-                 max_tokens: int = 96, seed: int = 0, api_model: str | None = None):
+                 max_tokens: int = 96, seed: int = 0, api_model: str | None = None,
+                 decoding: dict[str, Any] | None = None):
         from envhub.backends import make_backend
-        from envhub.codec.chat import ChatCodec
 
         spec = backend if isinstance(backend, str) else None
         if spec is not None and tokenizer is None:
@@ -80,12 +86,28 @@ class JudgeModel:
         kw = {"api_model": api_model} if spec and spec.startswith("chat+") else {}
         self.backend: LLMBackend = make_backend(spec, **kw) if spec is not None else backend  # type: ignore[assignment]
         self.name = name or spec or repr(self.backend)
-        self.codec = ChatCodec(tokenizer)
-        self.params = SamplingParams(max_tokens=max_tokens, temperature=0.0, top_p=1.0, top_k=-1, seed=seed)
+        self._tokenizer: Any = tokenizer
+        self._codec: Any = None  # built on first use (the `codec` property)
+        self.params = SamplingParams(max_tokens=max_tokens, temperature=0.0, top_p=1.0, top_k=-1, seed=seed,
+                                     extra=dict(decoding or {}))
         self.stats = JudgeStats()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True, name="envhub-judge")
         self._thread.start()
+
+    @property
+    def codec(self) -> Any:
+        """The :class:`~envhub.codec.chat.ChatCodec` of ``tokenizer`` (loaded on first use when given by name)."""
+        if self._codec is None:
+            from envhub.codec.chat import ChatCodec
+
+            tok = self._tokenizer
+            if isinstance(tok, (str, Path)):
+                from envhub.testing.models import load_tokenizer
+
+                tok = load_tokenizer(tok)
+            self._codec = ChatCodec(tok)
+        return self._codec
 
     def submit(self, coro: Coroutine[Any, Any, Any]) -> Future:
         """Run ``coro`` on the judge's loop (see the module docstring)."""

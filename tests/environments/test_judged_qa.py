@@ -1,0 +1,120 @@
+"""judged-qa with a hosted judge by URL: ``$ENVHUB_JUDGE=chat+http://...`` (a real chat-completions server on
+loopback). What the judge *is* here is a stand-in; what is tested is the env and its admission around it:
+
+* the env's calibration set is balanced, holds near misses, and its labels are what an oracle judge (one that knows
+  the labels, and passes the golden answers) reproduces, so admission with that judge is fit: kappa 1;
+* a lenient judge (``SCORE: 10`` to everything) is unfit by the env's own probes and calibration, each named;
+* the env's settings reach the server: the model name, greedy and seeded, the llama.cpp verdict grammar when
+  ``$ENVHUB_JUDGE_GRAMMAR=1``.
+The real local judge's admission is ``tests/judging/test_judged_qa_local.py`` (needs ``make judge-model``).
+"""
+from __future__ import annotations
+
+import json
+import re
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+import envhub_judged_qa as qa
+from envhub import EnvSpec
+from envhub.admission import admit
+from envhub.judging.grammar import score_grammar
+
+pytestmark = pytest.mark.timeout(300)
+FENCE = re.compile(r"(ANSWER-[0-9A-F]{12})\n(.*?)\n\1", re.S)
+GOOD = {ex["answer"] for ex in qa.CALIBRATION if ex["label"]} | {t["golden"] for t in qa.TASKS}
+
+
+class Judge(BaseHTTPRequestHandler):
+    mode = "oracle"
+    bodies: list = []
+
+    def log_message(self, *a):
+        pass
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        Judge.bodies.append(body)
+        answer = FENCE.search(body["messages"][-1]["content"]).group(2)
+        ok = self.mode == "lenient" or answer in GOOD
+        content = ("Same fact as the reference." if ok else "Not the reference's fact.") + \
+            f"\nSCORE: {10 if ok else 0}"
+        data = json.dumps({"id": "j", "object": "chat.completion", "model": body["model"], "choices": [
+            {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": content}}]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+@pytest.fixture
+def hosted(monkeypatch, tiny_model_path):
+    Judge.mode, Judge.bodies = "oracle", []
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Judge)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    monkeypatch.setenv("ENVHUB_JUDGE", f"chat+http://127.0.0.1:{srv.server_address[1]}")
+    monkeypatch.setenv("ENVHUB_JUDGE_MODEL", "judge-7b")
+    monkeypatch.setenv("ENVHUB_JUDGE_TOKENIZER", str(tiny_model_path))
+    yield
+    srv.shutdown()
+    srv.server_close()
+
+
+def spec() -> EnvSpec:
+    return EnvSpec(id="judged-qa", env=qa.JudgedQA, tasks=lambda split: qa.TASKS, verifier=qa.make_verifier(),
+                   golden=qa.golden, hack_probes=qa.HACK_PROBES, max_turns=1)
+
+
+def test_the_calibration_set_is_balanced_with_near_misses():
+    labels = [ex["label"] for ex in qa.CALIBRATION]
+    assert len(labels) >= 16 and sum(labels) * 2 == len(labels)
+    tasks = {ex["task"]["task_id"] for ex in qa.CALIBRATION}
+    assert {t["task_id"] for t in qa.TASKS} <= tasks
+    # no labelled answer trips a guard (they reach the judge) and none says "SCORE:" (they test judgment)
+    from envhub.judging.format import CLAIMED_VERDICT
+
+    assert not any(CLAIMED_VERDICT.search(ex["answer"]) for ex in qa.CALIBRATION)
+
+
+def test_a_hosted_judge_by_url_admits_the_env(hosted):
+    s = spec()
+    try:
+        report = admit(s, concurrency=2)
+    finally:
+        s.verifier.close()
+    assert report.fit, report.unfit_reasons
+    assert report.passed == len(qa.TASKS)
+    (cal,) = [c for c in report.checks if c.name == "judge-calibration"]
+    assert "agreement 1.000" in cal.message and "kappa 1.000" in cal.message
+    names = {c.name for t in report.tasks for c in t.checks}
+    assert {"probe:judge-inject-plain", "probe:judge-golden-contradiction", "hack:wrong-fact-confidently"} <= names
+    body = Judge.bodies[0]
+    assert body["model"] == "judge-7b" and (body["temperature"], body["seed"]) == (0.0, 0) and "grammar" not in body
+    assert report.judge_cost["calls"] > 0
+
+
+def test_a_lenient_hosted_judge_is_unfit(hosted):
+    Judge.mode = "lenient"
+    s = spec()
+    try:
+        report = admit(s, concurrency=2)
+    finally:
+        s.verifier.close()
+    assert not report.fit
+    failed = {c.name for t in report.tasks for c in t.checks if not c.ok}
+    assert {"probe:judge-inject-plain", "probe:judge-verbosity-padding", "hack:wrong-fact-confidently"} <= failed
+    (cal,) = [c for c in report.checks if c.name == "judge-calibration"]
+    assert not cal.ok and "kappa 0.000" in cal.message
+
+
+def test_the_grammar_is_sent_when_asked(hosted, monkeypatch):
+    monkeypatch.setenv("ENVHUB_JUDGE_GRAMMAR", "1")
+    v = qa.make_verifier()
+    try:
+        s = v.verify(qa.TASKS[0], {"answer": qa.TASKS[0]["golden"]})
+    finally:
+        v.close()
+    assert s.passed and Judge.bodies[-1]["grammar"] == score_grammar() and Judge.bodies[-1]["cache_prompt"] is False
