@@ -46,6 +46,31 @@ def event_loop(choice: str | None = None) -> tuple[Any, Any]:
     return asyncio.run, asyncio.new_event_loop
 
 
+def http_protocol(choice: str | None = None) -> str:
+    """The HTTP/1.1 implementation the gateway serves with: ``"httptools"`` (C, under
+    :class:`envhub.http.guarded_httptools.GuardedHttpToolsProtocol`'s guards) when installed, else ``"h11"``;
+    ``choice`` (or ``ENVHUB_GATEWAY_HTTP``): ``"httptools"``, ``"h11"`` or ``"auto"`` (the default).
+
+    Why: on the 64 KB agent loop h11's pure-Python parsing and writing cost ~0.5 ms of server CPU per call more (#28
+    item 10). The guards (head size, head deadline, connection cap) and the answers to malformed requests are the
+    h11 protocol's: ``tests/gateway/test_http_attacks.py`` runs the limits and the attacks on both.
+    """
+    import os
+
+    choice = choice or os.environ.get("ENVHUB_GATEWAY_HTTP") or "auto"
+    if choice not in ("auto", "httptools", "h11"):
+        raise ValueError(f"ENVHUB_GATEWAY_HTTP must be auto, httptools or h11; got {choice!r}")
+    if choice != "h11":
+        try:
+            import httptools  # noqa: F401
+        except ImportError:
+            if choice == "httptools":
+                raise
+        else:
+            return "httptools"
+    return "h11"
+
+
 GC_THRESHOLDS = (10_000, 10, 10)
 
 
@@ -115,14 +140,15 @@ def make_server(gateway: Gateway, *, host: str = "127.0.0.1", port: int = 0, tok
     import uvicorn
 
     from envhub.gateway.app import GatewayApp
-    from envhub.http import limits
+    from envhub.http import guarded_httptools, limits
 
     check_gateway_binding(host, token)
     app = GatewayApp(gateway, admin_key=token, model_name=model_name,
                      max_body_bytes=max_body_bytes or limits.DEFAULT_MAX_BODY_BYTES,
                      body_timeout_s=body_timeout_s or limits.DEFAULT_BODY_TIMEOUT_S, model_only=model_only)
-    http = limits.protocol_class(max_connections or limits.default_max_connections(),
-                                 header_timeout_s or limits.DEFAULT_HEADER_TIMEOUT_S)
+    guarded = limits if http_protocol() == "h11" else guarded_httptools
+    http = guarded.protocol_class(max_connections or limits.default_max_connections(),
+                                  header_timeout_s or limits.DEFAULT_HEADER_TIMEOUT_S)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, http=http, timeout_keep_alive=120,
                             access_log=False, lifespan="on", backlog=4096,
                             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)

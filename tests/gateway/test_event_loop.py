@@ -14,6 +14,7 @@ from envhub.backends.scripted import ScriptedBackend
 from envhub.gateway import Gateway, GatewayThread
 from envhub.gateway.server import event_loop
 from envhub.http import limits
+from envhub.http.guarded_httptools import GuardedHttpToolsProtocol
 
 pytestmark = pytest.mark.timeout(180)
 uvloop = pytest.importorskip("uvloop")  # the serve extra installs it
@@ -103,6 +104,7 @@ def test_the_limits_hold_on_either_loop(serve, loop):
 
 def test_break_it_without_the_head_deadline_the_check_fails(serve, monkeypatch):
     monkeypatch.setattr(limits.GuardedH11Protocol, "_arm_head_deadline", lambda self: None)
+    monkeypatch.setattr(GuardedHttpToolsProtocol, "_arm_head_deadline", lambda self: None)  # the gateway's default
     _, srv = serve("uvloop", max_body_bytes=1 << 20, body_timeout_s=1.0, header_timeout_s=1.0, max_connections=4)
     assert ("head cut off", False) in _limits(srv)
 
