@@ -1,7 +1,9 @@
 """Serving the gateway: :func:`serve` (what ``envhub gateway`` runs) and :class:`GatewayThread` (in-process, real
-HTTP on loopback: tests, notebooks, the harness envs). Same server as the rollout service: uvicorn with the h11
-protocol under a connection cap and a request-head deadline (:mod:`envhub.http.limits`); loopback by default,
-a token required on any other address. The event loop is uvloop's when installed (:func:`event_loop`).
+HTTP on loopback: tests, notebooks, the harness envs). uvicorn, as the rollout service, with its httptools protocol
+when installed (:func:`http_protocol`; the rollout service keeps h11) under a request-head size limit, a connection
+cap and a request-head deadline (:mod:`envhub.http.guarded_httptools`, :mod:`envhub.http.limits`); loopback by
+default, a token required on any other address. The event loop is uvloop's when installed (:func:`event_loop`). An
+``envhub gateway`` process also tunes its garbage collector (:func:`tune_gc`).
 
 Shutdown: the first SIGINT/SIGTERM stops every wait for a session's end at once (such an export answers 503 and
 keeps its session), gives in-flight model calls ``GRACEFUL_SHUTDOWN_S`` to finish, then cancels them.
@@ -26,7 +28,7 @@ def event_loop(choice: str | None = None) -> tuple[Any, Any]:
 
     Why: uvloop's transports and loop are C (libuv), and on the 64 KB agent loop asyncio's pure-Python socket
     transport, selector and handles were a large share of the gateway's per-call CPU (#28 item 10). The HTTP protocol
-    is the same guarded h11 either way, so what a client sees (limits, 413/408, streaming, every byte of a reply) is
+    is the same guarded one either way (:func:`http_protocol`), so what a client sees (limits, 413/408, streaming, every byte of a reply) is
     unchanged; the gateway's tests run on the loop this picks.
     """
     import asyncio
@@ -114,8 +116,8 @@ def make_server(gateway: Gateway, *, host: str = "127.0.0.1", port: int = 0, tok
                 header_timeout_s: float | None = None, body_timeout_s: float | None = None,
                 max_connections: int | None = None, model_only: bool = False) -> Any:
     """The gateway's uvicorn server, configured and not started: the ASGI app (:mod:`envhub.gateway.app`) over the
-    h11 protocol under a connection cap and a request-head deadline, ``GRACEFUL_SHUTDOWN_S`` for in-flight calls at
-    shutdown.
+    guarded HTTP protocol of :func:`http_protocol` (head size, connection cap, head deadline),
+    ``GRACEFUL_SHUTDOWN_S`` for in-flight calls at shutdown.
 
     Args:
         gateway: the :class:`~envhub.gateway.core.Gateway` to serve.
