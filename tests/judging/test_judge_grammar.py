@@ -33,7 +33,7 @@ from envhub.judging.grammar import score_grammar, verdict_decoding, winner_gramm
 sys.path.insert(0, str(Path(__file__).parent))
 from judged_env import RUBRIC, TASKS  # noqa: E402
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = pytest.mark.timeout(300)  # the session fixture builds the tiny model: minutes on a loaded host
 FR = TASKS[0]
 
 
