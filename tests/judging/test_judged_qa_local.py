@@ -49,3 +49,21 @@ def test_judged_qa_admission_with_the_local_judge():
     # its calibration alone would have admitted it (15 of 18: it passed 90 °C and "denser than liquid water", and
     # failed "water expands when it freezes"): the attack probes are what refuse it
     assert cal.ok and "agreement 0.833" in cal.message and "kappa 0.667" in cal.message, cal.message
+
+
+def test_break_it_without_the_grammar_its_prose_is_a_crash_never_a_pass():
+    """The grammar off (``local_judge(grammar=False)``): the model ends these two judgments in prose ("Therefore, the
+    score is 10."; the second is the 90 °C near miss), which the strict parser refuses: crashes, not passes. With
+    the grammar the same two parse (the first test's ``failures == 0``)."""
+    import envhub_judged_qa as qa
+    from envhub.judging import JudgeCache
+    from envhub.judging.llamacpp import local_judge
+
+    v = qa.make_verifier(local_judge(grammar=False), cache=JudgeCache())
+    try:
+        scores = [v.verify(ex["task"], {"answer": ex["answer"]}) for ex in qa.CALIBRATION[1:3]]
+    finally:
+        v.close()
+    for s in scores:
+        assert s.crashed and not s.passed and s.details["judge_failure"] == "unparsable", s.details
+        assert "score is 10" in s.details["raw_judgment"]
