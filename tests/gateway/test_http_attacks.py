@@ -70,6 +70,16 @@ def _outcome(srv, packets: list[bytes], pause: float = 0.0) -> tuple[bytes | Non
     return (got.split(b"\r\n")[0] or None), closed
 
 
+def _outcomes(srv, cases: dict[str, list[bytes]]) -> dict[str, tuple[bytes | None, bool]]:
+    """:func:`_outcome` of every case at once, each on its own connection (a kept connection waits out the read
+    timeout: one after another, the cases cost 5 s each)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(len(cases)) as pool:
+        futures = {name: pool.submit(_outcome, srv, packets) for name, packets in cases.items()}
+        return {name: f.result() for name, f in futures.items()}
+
+
 def _split(data: bytes, size: int) -> list[bytes]:
     return [data[i:i + size] for i in range(0, len(data), size)]
 
@@ -130,7 +140,7 @@ ALIKE = {
 
 @pytest.mark.timeout(180)
 def test_where_the_parsers_differ_each_outcome_is_pinned(serve):
-    seen = {p: (srv := serve(p, header_timeout_s=2.0)) and {k: _outcome(srv, [v[0]]) for k, v in DIFFERENCES.items()}
+    seen = {p: _outcomes(serve(p, header_timeout_s=2.0), {k: [v[0]] for k, v in DIFFERENCES.items()})
             for p in PROTOCOLS}
     for name, (_, h11, httptools) in DIFFERENCES.items():
         assert (seen["h11"][name], seen["httptools"][name]) == (h11, httptools), name
@@ -138,8 +148,7 @@ def test_where_the_parsers_differ_each_outcome_is_pinned(serve):
 
 @pytest.mark.timeout(180)
 def test_what_llhttp_lets_through_is_refused_as_h11_refuses_it(serve):
-    seen = {p: (srv := serve(p, header_timeout_s=2.0)) and {k: _outcome(srv, [v]) for k, v in ALIKE.items()}
-            for p in PROTOCOLS}
+    seen = {p: _outcomes(serve(p, header_timeout_s=2.0), {k: [v] for k, v in ALIKE.items()}) for p in PROTOCOLS}
     assert seen["httptools"] == seen["h11"] == {k: REFUSED for k in ALIKE}
 
 
