@@ -10,7 +10,10 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, runtime_checkable
 
+from envhub import astguard
 from envhub.types import Task
+
+astguard.install()  # verifiers run in worker threads: CPython < 3.13 needs ast.parse serialised (see astguard)
 
 
 @dataclass

@@ -113,7 +113,7 @@ def test_no_import_cycles_even_through_deferred_imports():
 # The layers of ``envhub/`` (../shared/DESIGN.md, "Layers point one way"), lowest first: a package may import its own
 # layer and those below, at module level or deferred, never one above. ``http`` sits beneath both servers.
 LAYERS = [
-    {"types", "arguments", "spaces", "fdlimit", "failurelog", "testing"},
+    {"types", "arguments", "spaces", "fdlimit", "failurelog", "testing", "astguard"},
     {"verifier", "policy", "http", "rewards"},
     {"env", "task"},
     {"spec", "probes", "grading", "judgeprobes"},
