@@ -27,7 +27,10 @@ from vllm_server import VLLMServer, require_vllm_tier
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(600), pytest.mark.xdist_group(__name__)]
 
 TOL = 1e-4          # the tier's vLLM-vs-hf logprob tolerance (fp32 both sides)
-MAX_TOKENS = 320    # long enough to be caught in flight on a busy 2-core host (a few ms a token), short enough to stay cheap
+# The long generation's length, per try: 320 tokens (a few seconds) is usually caught in flight, but the server's
+# /metrics can stall for seconds on a busy 2-core host (measured: 3 s, the count jumping 10 -> 300 tokens), so a
+# generation that ran out before the update landed is retried longer, up to what fits the server's 2,048-token context.
+MAX_TOKENS_PER_TRY = (320, 640, 1280, 1900)
 PROMPT = [100, 200, 300, 400, 500, 12]
 
 
@@ -111,6 +114,7 @@ class Rig:
         self.control.reload_weights(self.ckpts[0])  # a reused server may hold the other checkpoint
         self.lc.add_engine(self.control)
         self.weights = {0: self.ckpts[0]}  # version -> checkpoint directory
+        self.max_tokens = MAX_TOKENS_PER_TRY[0]  # the length the last interrupted() generation asked for
 
     def next_ckpt(self) -> str:
         return self.ckpts[(self.lc.version + 1) % 2]
@@ -134,14 +138,15 @@ class Rig:
     async def interrupted(self, mode: str, *, backend=None, seed: int = 1, after: int = 24, split=None):
         """A long generation; once the server has sampled ``after`` of its tokens, a weight update in ``mode``.
         Returns (the Generation the caller got, the version before, the version after). The host is shared and
-        slow to poll at times: a generation that ended before the update could land is retried (new seed), up
-        to 4 times; ``split(gen)`` says whether the update landed inside it (default: two versions in its tags)."""
+        slow to poll at times: a generation that ended before the update could land is retried (new seed, longer:
+        ``MAX_TOKENS_PER_TRY``); ``split(gen)`` says whether the update landed inside it (default: two versions in
+        its tags). The length asked for is ``self.max_tokens``."""
         import httpx
 
         split = split or (lambda g: len(set(g.versions)) > 1)
         async with httpx.AsyncClient(timeout=10) as client:
-            for attempt in range(4):
-                params = SamplingParams(max_tokens=MAX_TOKENS, temperature=1.0, seed=seed + 1000 * attempt,
+            for attempt, self.max_tokens in enumerate(MAX_TOKENS_PER_TRY):
+                params = SamplingParams(max_tokens=self.max_tokens, temperature=1.0, seed=seed + 1000 * attempt,
                                         extra={"ignore_eos": True})
                 v0 = self.lc.version
                 base = await self.generated_tokens(client)
@@ -157,7 +162,7 @@ class Rig:
                 gen = await asyncio.wait_for(task, 120)
                 if split(gen):
                     return gen, v0, v1
-        pytest.fail(f"no generation of {MAX_TOKENS} tokens was still running when the update landed (4 tries)")
+        pytest.fail(f"no generation of {MAX_TOKENS_PER_TRY} tokens was still running when the update landed")
 
 
 @pytest.fixture(scope="module")
@@ -182,7 +187,7 @@ def check_one_uninterrupted_reply(gen, v0, v1, rig, refs, *, exact_after=True):
     truncation), versions ``[v0]*k + [v1]*(n-k)`` with 0 < k < n, and each token's logprob its tagged version's,
     not the other's. Returns the split k and the largest deviations, for the figures."""
     n = len(gen.token_ids)
-    assert gen.finish_reason == "length" and n == MAX_TOKENS, (gen.finish_reason, n)
+    assert gen.finish_reason == "length" and n == rig.max_tokens, (gen.finish_reason, n, rig.max_tokens)
     assert len(gen.logprobs) == n and len(gen.versions) == n
     k = gen.versions.index(v1) if v1 in gen.versions else n
     assert 0 < k < n, f"the update did not split the generation: versions {set(gen.versions)}"
@@ -202,7 +207,7 @@ async def test_abort_mode_through_vllms_routes_is_one_reply_tagged_by_the_server
     gen, v0, v1 = await rig.interrupted("abort")
     k, dev = check_one_uninterrupted_reply(gen, v0, v1, rig, refs)
     assert gen.interruptions == 1 and rig.lc.counts["resumed_chunks"] >= 1
-    print(f"\n[vllm rl routes] abort: {k} tokens under v{v0}, {MAX_TOKENS - k} under v{v1} (server spans), "
+    print(f"\n[vllm rl routes] abort: {k} tokens under v{v0}, {rig.max_tokens - k} under v{v1} (server spans), "
           f"max |dlogprob| own {max(dev[v0, v0], dev[v1, v1]):.1e}, other {min(dev[v0, v1], dev[v1, v0]):.2f}; "
           f"{time.monotonic() - t0:.1f}s")
 
@@ -238,10 +243,10 @@ async def test_break_it_an_abort_leaks_to_the_caller(rig, refs, monkeypatch):
         return gen
 
     monkeypatch.setattr(VLLMGenerateBackend, "parse_generate", leaky)
-    gen, v0, v1 = await rig.interrupted("abort", seed=3, split=lambda g: len(g.token_ids) < MAX_TOKENS)
+    gen, v0, v1 = await rig.interrupted("abort", seed=3, split=lambda g: len(g.token_ids) < rig.max_tokens)
     with pytest.raises(AssertionError):
         check_one_uninterrupted_reply(gen, v0, v1, rig, refs)
-    assert gen.interruptions == 0 and len(gen.token_ids) < MAX_TOKENS  # what leaked: a truncated "stop"
+    assert gen.interruptions == 0 and len(gen.token_ids) < rig.max_tokens  # what leaked: a truncated "stop"
 
 
 async def test_hold_mode_is_vllms_keep_with_the_kv_recomputed(rig, refs):
@@ -251,7 +256,7 @@ async def test_hold_mode_is_vllms_keep_with_the_kv_recomputed(rig, refs):
     gen, v0, v1 = await rig.interrupted("hold", seed=4)
     k, dev = check_one_uninterrupted_reply(gen, v0, v1, rig, refs)
     assert gen.interruptions == 0  # nothing was aborted: the server held the call
-    print(f"\n[vllm rl routes] keep + recompute: {k} tokens under v{v0}, {MAX_TOKENS - k} under v{v1}, max |dlogprob| "
+    print(f"\n[vllm rl routes] keep + recompute: {k} tokens under v{v0}, {rig.max_tokens - k} under v{v1}, max |dlogprob| "
           f"own {max(dev[v0, v0], dev[v1, v1]):.1e}")
 
 
@@ -272,7 +277,7 @@ async def test_vllms_plain_keep_reuses_stale_kv(rig, refs):
         rig.control.keep_kv = False
     stale_fresh = max(abs(a - b) for a, b in zip(fresh.logprobs, teacher_forced(refs[rig.weights[v1]], fresh_prompt,
                                                                                  fresh.token_ids)))
-    print(f"\n[vllm rl routes] plain keep: {k} tokens under v{v0} exact ({dev[v0, v0]:.1e}); {MAX_TOKENS - k} tagged "
+    print(f"\n[vllm rl routes] plain keep: {k} tokens under v{v0} exact ({dev[v0, v0]:.1e}); {rig.max_tokens - k} tagged "
           f"v{v1}: max |dlogprob| vs v{v1} {dev[v1, v1]:.2e}, vs v{v0} {dev[v1, v0]:.2e}; a new request whose "
           f"prompt is that reply, after the update: {stale_fresh:.2e} vs v{v1}")
     assert dev[v1, v1] > 100 * TOL  # the stale KV is visible: why the control recomputes by default
