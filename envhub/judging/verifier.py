@@ -17,6 +17,8 @@ What holds, and where:
 * **Guards before the judge** (``guards=True``): an empty or over-long answer fails, an answer carrying the judge's own verdict
   syntax (``SCORE:``/``WINNER:``) fails, an answer echoing eight or more consecutive words of the rubric fails.
   They cost nothing and close the two attacks a judge is worst at (a claimed score, the rubric read back).
+* **An answer contract** (``contract=``, :mod:`envhub.judging.contract`): hidden markup, code and JSON removed before
+  the judge reads, a word budget; what it removes is in ``details["contract_removed"]``.
 * **A cache** keyed by (judge, rubric, task, answer) (:class:`JudgeCache`): re-grading and admission do not pay twice.
   Crashed judgments are not cached (a timeout may not recur).
 * **What admission reads** (duck-typed, like ``hack_probes``): ``judged``, ``calibration`` (labelled examples),
@@ -32,6 +34,7 @@ import threading
 from pathlib import Path
 from typing import Any, Callable
 
+from envhub.judging.contract import AnswerContract
 from envhub.judging.engine import JudgeModel
 from envhub.judging.format import (CLAIMED_VERDICT, FORMAT_VERSION, JudgeFormatError, pair_messages, parse_score,
                                    parse_winner, prompt_hash, score_messages, sha)
@@ -89,6 +92,8 @@ class JudgeVerifier:
         timeout_s: one judgment, at most (then a crashed score).
         max_answer_chars: a longer answer fails unjudged (a judge's context is finite; 1 MB of text is no answer).
         strict: the verdict parser's strictness (``False`` only to show what it defends against).
+        contract: the env's :class:`~envhub.judging.contract.AnswerContract` (markup, code and JSON removed, a word
+            budget), applied after the guards: the judge reads what it leaves, or the answer fails unjudged.
     """
 
     judged = True
@@ -100,7 +105,7 @@ class JudgeVerifier:
                  answer_key: str = "answer", scale: int = 10, pass_score: int = 7, timeout_s: float = 120.0,
                  cache: JudgeCache | None = None, calibration: list[dict[str, Any]] | None = None,
                  min_agreement: float = 0.8, min_kappa: float = 0.6, guards: bool = True, strict: bool = True,
-                 max_answer_chars: int = 4000, **judge_kw: Any):
+                 max_answer_chars: int = 4000, contract: AnswerContract | None = None, **judge_kw: Any):
         if not rubric.strip():
             raise ValueError("JudgeVerifier needs a non-empty rubric")
         if not 0 < pass_score <= scale:
@@ -114,6 +119,7 @@ class JudgeVerifier:
         self.calibration = list(calibration or [])
         self.min_agreement, self.min_kappa = min_agreement, min_kappa
         self.guards, self.strict, self.max_answer_chars = guards, strict, max_answer_chars
+        self.contract = contract
         self.__name__ = f"{type(self).__name__}({self.judge.name})"
         words = re.findall(r"\w+", rubric.lower())
         self._rubric_shingles = {" ".join(words[i:i + ECHO_WORDS]) for i in range(len(words) - ECHO_WORDS + 1)}
@@ -163,10 +169,17 @@ class JudgeVerifier:
     def verify(self, task: dict[str, Any], artifacts: dict[str, Any]) -> Score:
         answer = str((artifacts or {}).get(self.answer_key, "") or "")
         task_text, reference = self.task_text(task), self.reference(task)
-        base = {"judge_model": self.judge.name, "rubric_sha256": self.rubric_sha}
+        base: dict[str, Any] = {"judge_model": self.judge.name, "rubric_sha256": self.rubric_sha}
         if self.guards and (why := self.guard(answer, f"{task_text}\n{reference or ''}")):
             return Score(0.0, False, {**base, "reason": why, "guard": True})
-        key = JudgeCache.key(self.judge.name, self.rubric, json.dumps([task_text, reference]), answer)
+        judge_key = self.judge.name
+        if self.contract is not None:
+            answer, removed, why = self.contract.apply(answer)
+            base["contract_removed"] = removed
+            if why:
+                return Score(0.0, False, {**base, "reason": why, "contract": True})
+            judge_key += "|" + self.contract.key
+        key = JudgeCache.key(judge_key, self.rubric, json.dumps([task_text, reference]), answer)
         if not getattr(self, "_no_cache", False) and (hit := self.cache.get(key)) is not None:
             self.judge.stats.add(cache_hits=1)
             hit.details["cached"] = True
