@@ -58,12 +58,6 @@ class AnswerContract:
         if self.max_words is not None and self.max_words < 1:
             raise ValueError(f"AnswerContract(max_words=...) must be at least 1, got {self.max_words}")
 
-    @property
-    def key(self) -> str:
-        """What the cache key holds of this contract (another contract shows the judge other text)."""
-        return (f"contract:{int(self.strip_markup)}{int(self.strip_code)}{int(self.strip_structured)}:"
-                f"{self.max_words}")
-
     def apply(self, answer: str) -> tuple[str, list[str], str | None]:
         """``(text the judge reads, kinds removed, why it fails unjudged or None)``."""
         on = {"markup": self.strip_markup, "code": self.strip_code, "structured": self.strip_structured}
@@ -73,8 +67,9 @@ class AnswerContract:
                 text, n = pattern.subn(" ", text)
                 if n:
                     removed.append(kind)
-        text = re.sub(r"[ \t]+", " ", text)
-        text = "\n".join(ln.strip() for ln in text.splitlines() if ln.strip())
+        if removed:  # tidy the gaps; an answer with nothing removed is judged exactly as written (and cached so)
+            text = re.sub(r"[ \t]+", " ", text)
+            text = "\n".join(ln.strip() for ln in text.splitlines() if ln.strip())
         if not re.search(r"\w", text):
             return text, removed, f"nothing left to judge once {', '.join(removed) or 'whitespace'} was removed"
         words = len(re.findall(r"\w+", text))

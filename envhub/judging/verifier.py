@@ -172,18 +172,21 @@ class JudgeVerifier:
         base: dict[str, Any] = {"judge_model": self.judge.name, "rubric_sha256": self.rubric_sha}
         if self.guards and (why := self.guard(answer, f"{task_text}\n{reference or ''}")):
             return Score(0.0, False, {**base, "reason": why, "guard": True})
-        judge_key = self.judge.name
+        removed: list[str] | None = None
         if self.contract is not None:
             answer, removed, why = self.contract.apply(answer)
-            base["contract_removed"] = removed
             if why:
-                return Score(0.0, False, {**base, "reason": why, "contract": True})
-            judge_key += "|" + self.contract.key
-        key = JudgeCache.key(judge_key, self.rubric, json.dumps([task_text, reference]), answer)
+                return Score(0.0, False, {**base, "contract_removed": removed, "reason": why, "contract": True})
+        # keyed by what the judge reads (the answer after the contract): the same text is the same judgment
+        key = JudgeCache.key(self.judge.name, self.rubric, json.dumps([task_text, reference]), answer)
         if not getattr(self, "_no_cache", False) and (hit := self.cache.get(key)) is not None:
             self.judge.stats.add(cache_hits=1)
             hit.details["cached"] = True
+            if removed is not None:
+                hit.details["contract_removed"] = removed
             return hit
+        if removed is not None:
+            base["contract_removed"] = removed
         try:
             reward, passed, details = self._judgment(task_text, reference, answer)
         except Exception as e:  # a format error, a timeout, a backend error: no verdict

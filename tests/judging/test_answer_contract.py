@@ -104,10 +104,10 @@ def test_structured_claims_fail_unjudged(tiny_tokenizer, answer):
     assert not s.passed and not s.crashed and s.details["contract"] and not seen
 
 
-def test_an_honest_answer_is_judged_as_written_and_the_contract_is_in_the_cache_key(tiny_tokenizer):
+def test_an_honest_answer_is_judged_as_written_and_cached_by_what_the_judge_reads(tiny_tokenizer):
     v, seen = verifier(tiny_tokenizer, "", AnswerContract(max_words=40))
     s = v.verify(FR, {"answer": FR["golden"]})
     assert s.passed and s.details["contract_removed"] == [] and FR["golden"] in seen[-1][-1]["content"]
-    other = JudgeVerifier(v.judge, RUBRIC, cache=v.cache, contract=AnswerContract(max_words=41))
-    assert other.verify(FR, {"answer": FR["golden"]}).details["cached"] is False  # another contract, another key
-    assert v.verify(FR, {"answer": FR["golden"]}).details["cached"] is True
+    hidden = v.verify(FR, {"answer": FR["golden"] + "<!-- hi -->"})  # the judge would read the same text
+    assert hidden.details["cached"] is True and hidden.details["contract_removed"] == ["comment"] and len(seen) == 1
+    assert v.verify(FR, {"answer": FR["golden"]}).details["contract_removed"] == []
