@@ -63,7 +63,7 @@ from envhub.gateway import areal
 from envhub.gateway.builders import BUILDERS, REWARD_MODES, build, summary
 from envhub.gateway.core import Gateway, UpstreamError
 from envhub.gateway.dialects import anthropic, chat, gemini, responses
-from envhub.gateway.asgi import HTTPError, _choice, _disconnected, _key_of, _number, _send
+from envhub.gateway.asgi import HTTPError, Pieces, _choice, _disconnected, _key_of, _number, _send
 from envhub.gateway.messages import BadRequest, ContextLengthExceeded
 from envhub.gateway.prometheus import GATEWAY_COUNTERS, _GatewayCollector  # noqa: F401 (re-exported)
 from envhub.rollout.staleness import GateError, NoCapacity, http_route
@@ -278,7 +278,7 @@ class GatewayApp:
                              "exported (the session is kept until the gateway exits)")
 
     async def _control(self, path: str, body: dict[str, Any], key: str | None,
-                       receive: Any = None) -> dict[str, Any] | bytes:
+                       receive: Any = None) -> dict[str, Any] | bytes | Pieces:
         gw = self.gw
         if path == "/grant_capacity":  # a grant is an admission by the staleness gate (429 when it has no room)
             self._admin(key)
@@ -344,7 +344,8 @@ class GatewayApp:
             discount = _number(body, "discount", 1.0)
             session = self._session_by_id(str(body.get("session_id")))
             await self._wait_for_end(session, receive)  # AReaL blocks until the session ends
-            out = areal.export_json(session, discount=discount, style=style)  # the JSON bytes, built once
+            # the JSON bytes, built once, sent as pieces (never joined: asgi.Pieces)
+            out = Pieces(areal.export_pieces(session, discount=discount, style=style))
             gw.drop_session(session)  # only once the export exists: a failed one leaves the session to ask again
             return out
         if path.startswith("/sessions/") and path.endswith("/trajectories"):

@@ -33,8 +33,9 @@ from typing import Any
 from envhub.backends.base import SamplingParams
 from envhub.backends.lifecycle import generate_tagged
 from envhub.gateway.matching import resolve
-from envhub.gateway.messages import BadRequest, ContextLengthExceeded, prepare, unicode_text
+from envhub.gateway.messages import BadRequest, ContextLengthExceeded, prepare
 from envhub.gateway.records import CallRecord, Session, new_id
+from envhub.gateway.toolskey import tools_key
 
 log = logging.getLogger("envhub.gateway.core")
 
@@ -253,7 +254,8 @@ class CallServing:
         call = CallRecord(call_id=new_id(_ID_PREFIX.get(req.dialect, "call-")), dialect=req.dialect,
                           prompt_ids=prompt, request=messages, context=context, tools_key=tk,
                           parent=parent.call_id if parent else None, break_reason=reason,
-                          policy_version=self.policy_version, has_tools=bool(req.tools))
+                          policy_version=self.policy_version, has_tools=bool(req.tools),
+                          spliced_from=(parent.prompt_ids, parent.sampled_ids) if parent is not None else None)
         session.add(call)
         self.stats["calls"] += 1
         self.stats["spliced" if parent else "new_chains"] += 1
@@ -341,8 +343,9 @@ class CallServing:
             The prompt ids.
         """
         history = parent.context + [parent.reply]
-        return parent.prompt_ids + parent.sampled_ids + codec.delta_ids(
-            history, new, sampled_eos=codec.ends_turn(parent.sampled_ids))
+        ids = parent.prompt_ids + parent.sampled_ids  # one 16k-element copy, extended in place (not a second)
+        ids += codec.delta_ids(history, new, sampled_eos=codec.ends_turn(parent.sampled_ids))
+        return ids
 
     def _opening(self, codec: Any, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         note = codec.tool_prompt() if self.system_tool_list else None
@@ -371,19 +374,3 @@ class CallServing:
 
 _HISTORY = {"role": "user", "content": ""}  # stands for a history that holds a non-system message
 _ID_PREFIX = {"chat": "chatcmpl-", "responses": "resp_", "anthropic": "msg_"}
-
-
-def tools_key(tools: list[dict[str, Any]] | None) -> str:
-    """The tools as rendered: JSON in the request's own key order (never sorted: a template that ``tojson``s a tool
-    renders its keys in that order, and the trajectory stores this string for the fidelity check to re-render).
-
-    Args:
-        tools: OpenAI function tools, or ``None``.
-
-    Returns:
-        The JSON string (``"[]"`` for no tools).
-
-    Raises:
-        BadRequest: a tool holding a lone UTF-16 surrogate (no tokenizer could render it).
-    """
-    return unicode_text(json.dumps(tools or [], ensure_ascii=False), "tools")

@@ -36,6 +36,9 @@ class CallRecord:
     error: str | None = None
     echoed: bool = False              # a later request echoed this call's reply (the harness went on from it)
     drift: bool | None = None         # canonical re-render differed from the spliced prompt (sampled calls only)
+    # the parent's prompt_ids and sampled_ids lists themselves (not copies) when the splice built prompt_ids as
+    # their concatenation + the new messages' ids: the export reads it instead of comparing the 16k-token prefix
+    spliced_from: tuple[list[int], list[int]] | None = field(default=None, repr=False, compare=False)
     created: float = field(default_factory=time.time)
 
     @property

@@ -82,16 +82,16 @@ def test_an_export_that_fails_keeps_the_session(served, monkeypatch):
     gw, srv = served
     s = one_call_session(gw, srv)
     gw.end_session(s)
-    real = areal.export_json
+    real = areal.export_pieces
 
     def broken(*a, **kw):
         raise RuntimeError("disk on fire")
 
-    monkeypatch.setattr(areal, "export_json", broken)
+    monkeypatch.setattr(areal, "export_pieces", broken)
     r = post(srv, "/export_trajectories", {"session_id": s.session_id})
     assert r.status_code == 500 and "disk on fire" in r.json()["error"]["message"]
     assert s.session_id in gw.sessions
-    monkeypatch.setattr(areal, "export_json", real)
+    monkeypatch.setattr(areal, "export_pieces", real)
     assert post(srv, "/export_trajectories", {"session_id": s.session_id}).status_code == 200
 
 

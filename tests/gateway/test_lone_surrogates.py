@@ -8,7 +8,7 @@ import pytest
 from gw_helpers import Recording, agent_policy
 
 from envhub.backends.scripted import ScriptedBackend
-from envhub.gateway import Gateway, GatewayThread, calls, messages
+from envhub.gateway import Gateway, GatewayThread, messages, toolskey
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -83,7 +83,7 @@ def test_arguments_text_escaping_a_lone_surrogate_is_rendered_as_written(served)
 def test_break_it_without_the_check_the_tokenizer_fails_the_call(served, monkeypatch):
     gw, srv, _ = served
     monkeypatch.setattr(messages, "unicode_text", lambda text, where: text)
-    monkeypatch.setattr(calls, "unicode_text", lambda text, where: text)
+    monkeypatch.setattr(toolskey, "unicode_text", lambda text, where: text)
     r = post(gw, srv, *CASES[0][:2])
     assert r.status_code != 400 or "lone UTF-16 surrogate" not in r.text
 
