@@ -95,25 +95,7 @@ class OpenAIBackend(LLMBackend):
 
     # ---- request bodies ---------------------------------------------------------------------------------------
     def completions_body(self, prompt_ids: list[int], params: SamplingParams) -> dict[str, Any]:
-        body: dict[str, Any] = {
-            "model": self.model,
-            "prompt": prompt_ids,
-            "max_tokens": params.max_tokens,
-            "temperature": params.temperature,
-            "top_p": params.top_p,
-            "top_k": params.top_k,
-            "logprobs": 0,  # the sampled token's own logprob, no alternatives
-            "return_token_ids": True,
-            "skip_special_tokens": False,
-        }
-        if params.seed is not None:
-            body["seed"] = params.seed
-        if params.stop:
-            body["stop"] = list(params.stop)
-        if params.stop_token_ids:
-            body["stop_token_ids"] = list(params.stop_token_ids)
-        body.update(params.extra)  # e.g. ignore_eos, repetition_penalty, min_tokens: vLLM's own knobs
-        return body
+        return {"model": self.model, "prompt": prompt_ids, "return_token_ids": True, **vllm_sampling_fields(params)}
 
     def sglang_body(self, prompt_ids: list[int], params: SamplingParams) -> dict[str, Any]:
         sp: dict[str, Any] = {
@@ -205,6 +187,29 @@ class OpenAIBackend(LLMBackend):
             return resp.json()
         except json.JSONDecodeError:
             raise BackendError(f"{url}: reply is not JSON: {resp.text[:300]!r}") from None
+
+
+def vllm_sampling_fields(params: SamplingParams) -> dict[str, Any]:
+    """vLLM's sampling fields for ``params``: the top level of a ``/v1/completions`` body, and the
+    ``sampling_params`` object of ``/inference/v1/generate`` (:mod:`envhub.backends.vllm_http`). Each sampled
+    token's own raw logprob (``logprobs: 0``: no alternatives) and special tokens kept, so the text and the ids
+    agree; ``params.extra`` last, for vLLM's own knobs (``ignore_eos``, ``min_tokens``, ``logit_bias``, ...)."""
+    fields: dict[str, Any] = {
+        "max_tokens": params.max_tokens,
+        "temperature": params.temperature,
+        "top_p": params.top_p,
+        "top_k": params.top_k,
+        "logprobs": 0,
+        "skip_special_tokens": False,
+    }
+    if params.seed is not None:
+        fields["seed"] = params.seed
+    if params.stop:
+        fields["stop"] = list(params.stop)
+    if params.stop_token_ids:
+        fields["stop_token_ids"] = list(params.stop_token_ids)
+    fields.update(params.extra)
+    return fields
 
 
 def _server_message(resp: Any) -> str:

@@ -39,7 +39,7 @@ from typing import Any
 
 from envhub.backends.base import BackendError, Generation, SamplingParams
 from envhub.backends.lifecycle import LifecycleError, lifecycle_of
-from envhub.backends.openai import OpenAIBackend, _float, _short
+from envhub.backends.openai import OpenAIBackend, _float, _short, vllm_sampling_fields
 
 SERVER_MODES = {"abort": "abort", "hold": "keep"}  # envhub's pause mode -> vLLM's /pause?mode=
 
@@ -75,22 +75,8 @@ class VLLMGenerateBackend(OpenAIBackend):
         return self.parse_generate(reply, prompt_ids, versions=(low, lc.version) if self.server_versions else None)
 
     def generate_body(self, prompt_ids: list[int], params: SamplingParams) -> dict[str, Any]:
-        sp: dict[str, Any] = {
-            "max_tokens": params.max_tokens,
-            "temperature": params.temperature,
-            "top_p": params.top_p,
-            "top_k": params.top_k,
-            "logprobs": 0,  # the sampled token's own (raw) logprob, no alternatives
-            "skip_special_tokens": False,
-        }
-        if params.seed is not None:
-            sp["seed"] = params.seed
-        if params.stop:
-            sp["stop"] = list(params.stop)
-        if params.stop_token_ids:
-            sp["stop_token_ids"] = list(params.stop_token_ids)
-        sp.update(params.extra)  # vLLM's own SamplingParams knobs: ignore_eos, min_tokens, logit_bias, ...
-        body: dict[str, Any] = {"token_ids": prompt_ids, "sampling_params": sp, "return_token_ids": True}
+        body: dict[str, Any] = {"token_ids": prompt_ids, "sampling_params": vllm_sampling_fields(params),
+                                "return_token_ids": True}
         if self.model is not None:
             body["model"] = self.model
         return body

@@ -132,7 +132,9 @@ def check_failed_pause_is_undone(lc, good, hanging):
     t0 = time.monotonic()
     with pytest.raises(LifecycleError, match="did not answer within"):
         lc.pause("abort", timeout_s=0.5)
-    assert time.monotonic() - t0 < 2.5
+    # bounded by the 0.5 s asked for, not the control's 30 s default: the margin is for a loaded host (5.4 s
+    # measured at load average 22), not a speed claim
+    assert time.monotonic() - t0 < 15
     assert not lc.paused, "a failed pause left the lifecycle paused"
     assert "/resume" in good.calls, "the server paused before the failure was not resumed"
 
