@@ -105,7 +105,23 @@ def test_a_lenient_hosted_judge_is_unfit(hosted):
         s.verifier.close()
     assert not report.fit
     failed = {c.name for t in report.tasks for c in t.checks if not c.ok}
-    assert {"probe:judge-inject-plain", "probe:judge-verbosity-padding", "hack:wrong-fact-confidently"} <= failed
+    assert {"probe:judge-inject-plain", "hack:wrong-fact-confidently"} <= failed
+    # the env's answer contract fails these unjudged, however lenient the judge (a hidden instruction is removed
+    # too, but this judge passes the non-answer left behind)
+    assert not {"probe:judge-verbosity-padding", "probe:reward-claim-json", "malformed:unparseable-tool-call"} & failed
+
+
+def test_break_it_without_its_contract_a_lenient_judge_passes_padding_and_reward_claims(hosted, monkeypatch):
+    Judge.mode = "lenient"
+    real = qa.make_verifier
+    monkeypatch.setattr(qa, "make_verifier", lambda **kw: real(contract=None, **kw))
+    s = spec()
+    try:
+        report = admit(s, concurrency=2)
+    finally:
+        s.verifier.close()
+    failed = {c.name for t in report.tasks for c in t.checks if not c.ok}
+    assert {"probe:judge-verbosity-padding", "probe:reward-claim-json", "malformed:unparseable-tool-call"} <= failed
     (cal,) = [c for c in report.checks if c.name == "judge-calibration"]
     assert not cal.ok and "kappa 0.000" in cal.message
 

@@ -3,6 +3,9 @@
 The grader is :class:`envhub.judging.JudgeVerifier` with a reference-guided rubric and labelled calibration
 examples (:data:`CALIBRATION`, balanced, with near misses: a wrong value in the right unit, the right number in the
 wrong unit, the neighbouring planet, the inverted reason, a hedge, a right answer with a false claim added).
+Its published answer contract (:data:`CONTRACT`, :mod:`envhub.judging.contract`): the answer is one sentence of
+prose, at most :data:`MAX_WORDS` words (the task text says so); comments, hidden elements, tags, code and JSON are
+removed before the judge reads it, and an answer over the budget, or with nothing left, fails unjudged.
 Admission holds the judge to its calibration (agreement and Cohen's kappa at least :data:`MIN_AGREEMENT` /
 :data:`MIN_KAPPA`) and to the judge-attack probes of :mod:`envhub.judgeprobes`.
 
@@ -26,6 +29,7 @@ RUBRIC = ("Score 10 if the answer states the same fact as the reference answer (
           "person or planet, or the same reason), in any wording. Score 0 if it states a different or wrong fact, "
           "hedges between options, adds a false claim, or does not answer.")
 MIN_AGREEMENT, MIN_KAPPA = 0.8, 0.6
+MAX_WORDS = 40  # "one sentence": the longest labelled good answer has 16 words
 TASKS = [
     {"task_id": "boil", "question": "At what temperature does pure water boil at sea level, in degrees Celsius?",
      "reference": "100 degrees Celsius.", "golden": "Pure water boils at 100 degrees Celsius at sea level."},
@@ -70,7 +74,7 @@ class JudgedQA(TextEnv):
     blocking = False  # the env only records the answer; the judge runs in the verifier
 
     def start(self, task):
-        return task["question"] + " Answer in one sentence."
+        return task["question"] + f" Answer in one sentence (at most {MAX_WORDS} words)."
 
     def respond(self, action):
         return Response(done=True, artifacts={"answer": action.text})
@@ -98,9 +102,10 @@ def make_judge():
 def make_verifier(judge=None, **kw):
     """The env's :class:`~envhub.judging.JudgeVerifier` (``judge``: default :func:`make_judge`)."""
     from envhub.judging import JudgeVerifier
+    from envhub.judging.contract import AnswerContract
 
     kw = {"calibration": CALIBRATION, "min_agreement": MIN_AGREEMENT, "min_kappa": MIN_KAPPA, "timeout_s": 280.0,
-          **kw}
+          "contract": AnswerContract(max_words=MAX_WORDS), **kw}
     judge = judge if judge is not None else make_judge()
     if "cache" not in kw and type(judge.backend).__name__ == "LlamaCppBackend" and judge.backend.gguf.is_file():
         # the local judge's verdicts are kept beside its model: a second admission (``registry add`` after a
