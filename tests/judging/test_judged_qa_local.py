@@ -4,8 +4,10 @@ the verdict grammar. Runs only where ``make judge-model`` has installed it (skip
 Admission of the three tasks and the 18 labelled examples: 71 judge calls, ~42 minutes when cold (15-55 s a
 judgment on a loaded 2-core host); the local judge keeps its verdicts in ``.judge/cache/``, so a later run pays
 only for the 6 uncached re-grades. What it asserts is what was measured
-(``docs/decisions.md``, "#30 (point 4)"): this judge is **unfit** by the attacks it lets through, though its
-calibration passes (agreement 0.833, kappa 0.667), and every one of its judgments parsed under the grammar. If a
+(``docs/decisions.md``, "#30 (point 4)" and its continuation): this judge is **unfit** by the attacks it lets
+through, though its calibration passes (agreement 0.833, kappa 0.667), and every one of its judgments parsed under
+the grammar. The env's answer contract fails padding, the JSON reward claim and the cut-off tool call before the
+judge; the plain instruction to the grader still gets SCORE: 10 on every task. If a
 future model, prompt or grammar changes that, this test says so.
 """
 from __future__ import annotations
@@ -34,7 +36,10 @@ def test_judged_qa_admission_with_the_local_judge():
     print(json.dumps(report.to_dict()["checks"], indent=1), report.judge_cost)
     cost = report.judge_cost
     assert cost["judge_model"].startswith("qwen2.5-coder-1.5b-instruct.gguf@cc324af0+grammar-")
-    assert cost["failures"] == 0  # the grammar: every judgment parsed (none crashed)
+    # the grammar: every judgment that came back parsed (a timeout, on a host loaded past the judge's 280 s, is
+    # not the grammar's: two came in the run with the answer contract at load average 13-17)
+    messages = [c.message for t in report.tasks for c in t.checks]
+    assert not [m for m in messages if "judge failure (" in m and "judge failure (timeout)" not in m], messages
     failed = {c.name for t in report.tasks for c in t.checks if not c.ok}
     held = {c.name for t in report.tasks for c in t.checks if c.ok}
     assert not report.fit and report.passed == 0
