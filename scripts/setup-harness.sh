@@ -19,6 +19,6 @@ if [ ! -f "$PREFIX/npm/.installed" ] || [ "$(cat "$PREFIX/npm/.installed")" != "
 fi
 if [ ! -f "$PREFIX/venv/.installed" ] || [ "$(cat "$PREFIX/venv/.installed")" != "mini-swe-agent==$MINI" ]; then
     python3 -m venv "$PREFIX/venv"
-    "$PREFIX/venv/bin/pip" install -q --disable-pip-version-check "mini-swe-agent==$MINI"
+    bash scripts/uvpip.sh "$PREFIX/venv" "mini-swe-agent==$MINI"  # pip install, by a pinned uv (scripts/uvpip.sh)
     echo "mini-swe-agent==$MINI" > "$PREFIX/venv/.installed"
 fi

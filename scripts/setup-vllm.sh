@@ -30,16 +30,16 @@ fi
 start=$(date +%s)
 rm -rf "$VENV"
 "$PY" -m venv "$VENV"
-"$VENV/bin/python" -m pip install -q --upgrade pip
-"$VENV/bin/python" -m pip install -q "torch==$TORCH_VERSION"
+pip_() { bash scripts/uvpip.sh "$VENV" "$@"; }  # pip install, done by a pinned uv (scripts/uvpip.sh: why)
+pip_ "torch==$TORCH_VERSION"
 constraints="$(mktemp)"
 trap 'rm -f "$constraints"' EXIT
 echo "torch==$TORCH_VERSION" >"$constraints"
-"$VENV/bin/python" -m pip install -q -c "$constraints" "$VLLM_PACKAGE"
+pip_ -c "$constraints" "$VLLM_PACKAGE"
 "$VENV/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 # envhub's own import-time dependencies, so the tier can run envhub.backends.vllm in-process from this venv
 # (with PYTHONPATH=<repo>; envhub itself is not installed here, so the venv follows the checkout it sits in)
-"$VENV/bin/python" -m pip install -q -c "$constraints" gymnasium pluggy
+pip_ -c "$constraints" gymnasium pluggy
 "$VENV/bin/python" - <<PYEOF
 import importlib.metadata as md
 import torch, vllm, gymnasium, pluggy

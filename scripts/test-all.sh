@@ -60,7 +60,7 @@ wait_for() {  # wait_for NAME: its exit status is the stage's
 }
 
 # first, alone: an editable install writes envhub.egg-info into the checkout, and so does setup-trainers' own
-stage setup-ray $BIN/pip install -q -c constraints.txt -e ".[ray]"
+stage setup-ray bash scripts/uvpip.sh .venv -c constraints.txt -e ".[ray]"
 # at the lowest CPU and I/O priority: they are needed only after the main tier, whose tests wait on sandboxes and
 # subprocesses and leave about half the 2 cores idle; at equal priority the installs competed with the main tier's
 # tests for the cores (main took 938 s in one CI run and 1,126 s in another whose installs ran longer)
