@@ -14,6 +14,9 @@ client sending an endless header holds memory and a connection forever, where h1
 * **the connection cap** and **the head deadline** of the h11 class: a connection that has not sent a complete head
   within ``header_timeout_s`` of opening or of the first byte of a new head is closed.
 
+It also writes through :class:`~envhub.http.corked.CorkedTransport`: the writes of one event-loop step (a
+response's head and body messages) leave in one ``writelines``, not a syscall each.
+
 Malformed heads (a garbage request line, a bad header name, a bad chunk size, conflicting lengths) get uvicorn's
 ``400 Invalid HTTP request received.`` and a close on either protocol. Where llhttp is laxer than h11 this class
 refuses as h11 does: no HTTP version (HTTP/0.9), an HTTP/1.1 request without exactly one ``Host``. Where llhttp is
@@ -31,6 +34,7 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from envhub.http.corked import CorkedTransport
 from envhub.http.limits import DEFAULT_HEADER_TIMEOUT_S, DEFAULT_MAX_CONNECTIONS
 
 MAX_HEAD_BYTES = 16 * 1024  # h11's max_incomplete_event_size, uvicorn's h11 default: the same limit on both
@@ -53,6 +57,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     _head_size = 0  # the head's URL and fields as counted at its end
 
     def connection_made(self, transport: Any) -> None:  # type: ignore[override]
+        # a response's writes (head, body messages) leave in one writelines per step (envhub.http.corked)
+        transport = CorkedTransport(transport, self.loop)
         super().connection_made(transport)
         if len(self.connections) > self.max_connections:
             transport.close()
