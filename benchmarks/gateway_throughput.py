@@ -356,6 +356,9 @@ def main() -> None:
     ap.add_argument("--distinct", action="store_true",
                     help="every session opens with its own task text (by default all open alike, as a GRPO group)")
     ap.add_argument("--profile", default=None, help="py-spy the servers: PREFIX-<name>.txt (collapsed stacks)")
+    ap.add_argument("--reverse", action="store_true",
+                    help="run the servers in reverse order (areal, before, ours): on a host whose load drifts, "
+                         "alternating the order between runs shows how much of a ratio the drift made")
     ap.add_argument("--client", choices=["lean", "aiohttp"], default="lean",
                     help="the load generator, the same for every server (see the module docstring)")
     args = ap.parse_args()
@@ -373,6 +376,8 @@ def main() -> None:
             print("areal: skipped (.venv-areal missing: make areal-venv)")
     if args.only:
         servers = {args.only: servers[args.only]}
+    if args.reverse:
+        servers = dict(reversed(list(servers.items())))
     print(f"{args.sessions} sessions x {args.calls} calls on a 64 KB Codex-shaped context, close + individual "
           f"export each; {'each session its own task' if args.distinct else 'one task (a group): same opening'}; "
           f"tokenizer {tok}; {os.cpu_count()} cores; load {os.getloadavg()[0]:.1f}; client {args.client}")
