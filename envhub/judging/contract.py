@@ -25,7 +25,10 @@ import re
 from dataclasses import dataclass
 
 _FLAGS = re.I | re.S
-HIDDEN = re.compile(r"<(\w+)\b[^>]*?(?:display\s*:\s*none|visibility\s*:\s*hidden|\shidden\b)[^>]*>.*?</\1\s*>", _FLAGS)
+# An opening tag never spans another "<" ([^<>], not [^>]): with [^>] an answer of 10,000 unclosed "<a " took 18 s
+# (each "<" scanned to the end of the text, quadratic); now each scans to the next "<".
+HIDDEN = re.compile(r"<(\w+)\b[^<>]*?(?:display\s*:\s*none|visibility\s*:\s*hidden|\shidden\b)[^<>]*>.*?</\1\s*>",
+                    _FLAGS)
 STEPS: list[tuple[str, str, re.Pattern[str]]] = [
     ("markup", "comment", re.compile(r"<!--.*?(?:-->|$)", _FLAGS)),
     ("markup", "hidden", HIDDEN),
@@ -47,19 +50,26 @@ class AnswerContract:
         strip_code: remove fenced code blocks and inline code spans.
         strip_structured: remove JSON-like objects (and an unclosed one to the end of the text).
         max_words: an answer (after the removals) with more words fails unjudged; ``None``: no budget.
+        max_chars: an answer longer than this (before the removals) fails unjudged, unread: the removals are
+            regular expressions, and a policy must not be able to make grading slow by sending a huge answer.
     """
 
     strip_markup: bool = True
     strip_code: bool = True
     strip_structured: bool = True
     max_words: int | None = None
+    max_chars: int = 20_000
 
     def __post_init__(self) -> None:
         if self.max_words is not None and self.max_words < 1:
             raise ValueError(f"AnswerContract(max_words=...) must be at least 1, got {self.max_words}")
+        if self.max_chars < 1:
+            raise ValueError(f"AnswerContract(max_chars=...) must be at least 1, got {self.max_chars}")
 
     def apply(self, answer: str) -> tuple[str, list[str], str | None]:
         """``(text the judge reads, kinds removed, why it fails unjudged or None)``."""
+        if len(answer) > self.max_chars:
+            return "", [], f"answer of {len(answer)} characters, over the contract's limit of {self.max_chars}"
         on = {"markup": self.strip_markup, "code": self.strip_code, "structured": self.strip_structured}
         text, removed = answer, []
         for group, kind, pattern in STEPS:

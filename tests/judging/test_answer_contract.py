@@ -3,7 +3,9 @@ reads an answer, an answer over the env's word budget or with nothing left fails
 ``Score.details``. Each defence has its break-it: the same attack against the same lenient judge without it passes."""
 from __future__ import annotations
 
+import re
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -53,6 +55,50 @@ def test_the_word_budget():
     assert c.apply("one two three four five six")[2] == "answer of 6 words, over the env's budget of 5"
     with pytest.raises(ValueError, match="at least 1"):
         AnswerContract(max_words=0)
+
+
+def test_a_huge_answer_fails_unread():
+    c = AnswerContract(max_chars=100)
+    assert c.apply("word " * 20)[2] is None
+    text, kinds, why = c.apply("word " * 21)
+    assert why == "answer of 105 characters, over the contract's limit of 100" and text == "" and kinds == []
+    with pytest.raises(ValueError, match="at least 1"):
+        AnswerContract(max_chars=0)
+
+
+BOMBS = {"tags": "<a ", "hidden-opens": "<a hidden>x ", "hidden-divs": "<div style='display:none'>",
+         "comments": "<!-- ", "json": "{ ", "fences": "``` ", "markdown-comments": "[//]: # (", "brackets": '[ "'}
+
+
+def bomb(unit: str, n: int = 20_000) -> str:
+    return (unit * (n // len(unit) + 1))[:n]
+
+
+def seconds_to_apply(contract: AnswerContract, answer: str) -> float:
+    t0 = time.perf_counter()
+    contract.apply(answer)
+    return time.perf_counter() - t0
+
+
+@pytest.mark.parametrize("shape", BOMBS)
+def test_no_answer_within_the_limit_makes_the_removals_slow(shape):
+    """A policy must not stall its grader with an answer built to make the regular expressions backtrack: every
+    shape at the 20,000-character limit is read in well under a second here (0.41 s the worst, nested hidden
+    openings); the bound below is a wide margin for a loaded host, not a speed claim."""
+    assert seconds_to_apply(AnswerContract(max_words=40), bomb(BOMBS[shape])) < 10
+
+
+def test_break_it_a_hidden_opening_tag_that_spans_other_tags_is_quadratic(monkeypatch):
+    """The opening-tag pattern with ``[^>]`` instead of ``[^<>]``: each of 6,667 unclosed ``<a`` scans to the end
+    (6.5 s measured on 20,000 characters, against 0.014 s with the fix)."""
+    import envhub.judging.contract as contract
+
+    answer = bomb(BOMBS["tags"])
+    assert seconds_to_apply(AnswerContract(max_words=40), answer) < 1
+    spanning = re.compile(contract.HIDDEN.pattern.replace("[^<>]", "[^>]"), contract.HIDDEN.flags)
+    monkeypatch.setattr(contract, "STEPS", [(g, k, spanning if p is contract.HIDDEN else p)
+                                             for g, k, p in contract.STEPS])
+    assert seconds_to_apply(AnswerContract(max_words=40), answer) > 1
 
 
 def verifier(tok, weakness: str, contract: AnswerContract | None) -> tuple[JudgeVerifier, list[list[dict]]]:
