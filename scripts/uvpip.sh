@@ -39,4 +39,7 @@ fi
 export UV_FIND_LINKS="${UV_FIND_LINKS:-${PIP_FIND_LINKS:-}}"
 [[ -n "$UV_FIND_LINKS" ]] || unset UV_FIND_LINKS
 export UV_NO_PROGRESS=1
-exec "$UV" pip install --quiet --python "$venv/bin/python" "$@"
+# --compile-bytecode, as pip does at install: these machines set PYTHONDONTWRITEBYTECODE=1, so a module never
+# compiled at install is compiled from source at every import (measured: `from transformers import AutoTokenizer`
+# 17 s of CPU in a uv-built venv without it, 7.7 s in a pip-built one; a CI run's main tier went from ~21 to ~33 min)
+exec "$UV" pip install --quiet --compile-bytecode --python "$venv/bin/python" "$@"
