@@ -221,13 +221,21 @@ async def test_dapo_gives_up_after_max_groups_and_keeps_what_it_found(serve):
         await dapo.close()
 
 
-async def run_following(srv, versions: int = 6) -> tuple[DAPOCollector, list[tuple[float | None, int]], dict]:
+async def run_following(srv, versions: int = 6, settled: float = 1.6,
+                        most: int = 30) -> tuple[DAPOCollector, list[tuple[float | None, int]], dict]:
+    """At least ``versions`` collections, and on until one has run after the controller's factor reached ``settled``
+    (at most ``most``): the controller moves its factor on its own ticks, which a loaded host delays, so a fixed
+    number of collections could end before it had moved (in one CI run it had reached 1.457 after six)."""
     async with RolloutClient(srv.url) as c:
         dapo = DAPOCollector(c, coin_prompts(4000, run_s=0.0), group_size=2, max_inflight=64, follow_controller=True)
-        seen = []
-        for v in range(versions):
+        seen: list[tuple[float | None, int]] = []
+        factor_before = 1.0
+        for v in range(most):
             await dapo.collect(4, policy_version=v)
             seen.append((dapo.oversampling, dapo.inflight))
+            if v + 1 >= versions and factor_before >= settled:
+                break
+            factor_before = (await c.status())[0]["controller"]["oversampling"]
         ctl = (await c.status())[0]["controller"]
         await dapo.close()
     return dapo, seen, ctl
