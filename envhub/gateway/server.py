@@ -152,8 +152,11 @@ def make_server(gateway: Gateway, *, host: str = "127.0.0.1", port: int = 0, tok
     http = guarded.protocol_class(max_connections or limits.default_max_connections(),
                                   header_timeout_s or limits.DEFAULT_HEADER_TIMEOUT_S)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, http=http, timeout_keep_alive=120,
-                            access_log=False, lifespan="on", backlog=4096,
+                            access_log=False, lifespan="on", backlog=4096, proxy_headers=False,
                             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
+    # proxy_headers=False: uvicorn's ProxyHeadersMiddleware only rewrites scope["client"] and scope["scheme"] from
+    # X-Forwarded-* headers, which the app never reads (no access log either); it scanned every request's headers
+    # (#28 item 10; tests/gateway/test_lean_asgi.py drives the app with a scope that has neither)
     return _server_class()(config, app)
 
 
