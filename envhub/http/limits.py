@@ -105,16 +105,35 @@ async def read_body(headers: dict, receive: Any, *, max_body: int, body_timeout:
     body, more = bytearray(), True
     while more:
         try:
-            msg = await asyncio.wait_for(receive(), body_timeout)
+            msg = await _receive_within(receive, body_timeout)
         except asyncio.TimeoutError:
             raise BodyRefused(408, f"the request body was not complete within {body_timeout:g} s") from None
         if msg["type"] == "http.disconnect":
             return None
-        body += msg.get("body", b"")
+        chunk = msg.get("body", b"")
         more = msg.get("more_body", False)
+        if not more and not body and type(chunk) is bytes:  # the whole body in one message (the usual case):
+            if len(chunk) > max_body:  # returned as it came, not copied twice (#28 item 10)
+                raise BodyRefused(413, f"request body is larger than this server's limit of {max_body} bytes "
+                                       f"({flag})")
+            return chunk
+        body += chunk
         if len(body) > max_body:
             raise BodyRefused(413, f"request body is larger than this server's limit of {max_body} bytes ({flag})")
     return bytes(body)
+
+
+_timeout = getattr(asyncio, "timeout", None)  # Python 3.11+
+
+
+async def _receive_within(receive: Any, seconds: float) -> Any:
+    """``await receive()``, or ``asyncio.TimeoutError`` after ``seconds``. ``asyncio.timeout`` where there is one: it
+    times the await in place, where ``wait_for`` wraps ``receive()`` in a task of its own (~11 against ~17 µs per
+    message under uvloop, #28 item 10); ``wait_for`` on Python 3.10."""
+    if _timeout is None:
+        return await asyncio.wait_for(receive(), seconds)
+    async with _timeout(seconds):
+        return await receive()
 
 
 class RequestGuard:
