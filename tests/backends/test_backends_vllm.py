@@ -194,7 +194,7 @@ def test_in_process_vllm_backend_matches_hf(vllm_ready, model_dir, hf_ref, promp
     out = tmp_path / "out.json"
     t0 = time.monotonic()
     proc = subprocess.run([str(vllm_python()), str(REPO / "tests" / "backends" / "vllm_inprocess.py"), str(job),
-                           str(out)], env=cpu_env(), cwd="/tmp", capture_output=True, text=True, timeout=600)
+                           str(out)], env=cpu_env(), cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(out.read_text())
     print(f"\n[vllm tier] in-process AsyncLLM: engine up in {result['startup_s']:.1f}s, "

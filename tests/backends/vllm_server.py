@@ -11,6 +11,7 @@ import os
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -86,12 +87,16 @@ class VLLMServer:
         argv = self.argv()
         self._t0 = time.monotonic()
         self._log = open(self.log_path, "wb")
+        self._cwd = tempfile.TemporaryDirectory(prefix="envhub-vllm-cwd-")
         # a new session: the server and its engine/worker children form one process group to kill at the end
         env = cpu_env()
         if self.rl_routes:
             env["VLLM_SERVER_DEV_MODE"] = "1"
+        # an empty private working directory: `python -m` (the server, and vLLM's own helper subprocesses) puts the
+        # cwd first on sys.path, and a shared /tmp holding some `attr.py` once shadowed aiohttp's `attr` and
+        # failed every server of the tier
         self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, env=env,
-                                     start_new_session=True, cwd="/tmp")
+                                     start_new_session=True, cwd=self._cwd.name)
         return self
 
     def wait_ready(self) -> VLLMServer:
@@ -115,6 +120,7 @@ class VLLMServer:
     def stop(self) -> None:
         if self.proc is None:
             return
+        self._cwd.cleanup()  # empty (vLLM writes nothing there); a live process keeps its cwd's inode anyway
         for sig, wait in ((signal.SIGTERM, 20), (signal.SIGKILL, 10)):
             try:
                 os.killpg(self.proc.pid, sig)
