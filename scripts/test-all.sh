@@ -112,10 +112,12 @@ background server-tiers server_tiers
 
 stage lint make -s lint
 stage registry $BIN/envhub registry verify --rebuild  # every entry matches its source; each wheel is its tree rebuilt
-stage main $BIN/pytest -m "not serial and not vllm and not trainers and not ray and not harness" -q -n "$JOBS" \
+# ENVHUB_TEST_CPU_LOG: each test's CPU seconds (tests/conftest.py), ranked after the run by scripts/cpu_report.py
+stage main env ENVHUB_TEST_CPU_LOG="$PWD/$LOGS/main.cpu" $BIN/pytest -m "not serial and not vllm and not trainers and not ray and not harness" -q -n "$JOBS" \
     --dist loadscope --durations=25 --junitxml="$LOGS/main.xml"
 grep -A27 "slowest 25 durations" "$LOGS/main.log"
 [[ -f "$LOGS/main.xml" ]] && $BIN/python scripts/lanes.py "$LOGS/main.xml" 12
+[[ -f "$LOGS/main.cpu" ]] && $BIN/python scripts/cpu_report.py "$LOGS/main.cpu" 15
 tail -n 1 "$LOGS/main.log"
 wait_for server-tiers
 [[ -f "$LOGS/tiers.log" ]] && tail -n 1 "$LOGS/tiers.log"
