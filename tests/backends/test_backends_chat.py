@@ -67,6 +67,7 @@ def chat_server():
     server.server_close()
 
 
+@pytest.mark.slow
 def test_chat_rollout_scores_through_the_real_env_and_is_marked_untrainable(chat_server, tmp_path):
     run = tmp_path / "run"
     r = run_cli("rollout", "guess-number", "--model", f"chat+{chat_server}/v1", "--tokenizer", "tiny", "-n", "3",
@@ -83,6 +84,7 @@ def test_chat_rollout_scores_through_the_real_env_and_is_marked_untrainable(chat
     assert all(m["role"] in ("system", "user", "assistant") for q in posts for m in q["body"]["messages"])
 
 
+@pytest.mark.slow
 def test_unreachable_chat_endpoint_is_a_one_line_preflight_error():
     import socket
 

@@ -39,6 +39,7 @@ def site(tmp_path):
     ("no-id", "plugin_no_id.jsonl:2: every task needs a non-empty string task_id"),
 ])
 @pytest.mark.parametrize("command", [["validate"], ["rollout", "--tokenizer", "tiny"]])
+@pytest.mark.slow
 def test_bad_task_file_is_one_line_naming_file_and_line(site, env_id, says, command):
     r = run_cli(command[0], env_id, *command[1:], site=site)
     assert r.returncode == 1 and says in r.stderr, r.stdout + r.stderr

@@ -191,6 +191,7 @@ def site(tmp_path_factory):
 # a bound on hanging, not a speed: start-up with torch and transformers takes 5-90 s on a loaded 2-core machine
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("mode", ["raise", "swallow"])
+@pytest.mark.slow
 def test_ctrl_c_during_start_up_exits_130_and_runs_nothing(site, tmp_path, monkeypatch, mode):
     monkeypatch.setenv("J28_SIGINT", mode)
     run = tmp_path / "run"
@@ -201,6 +202,7 @@ def test_ctrl_c_during_start_up_exits_130_and_runs_nothing(site, tmp_path, monke
     assert kept == [], kept  # no rollout ran after the Ctrl-C
 
 
+@pytest.mark.slow
 def test_the_plugin_runs_when_nobody_presses_ctrl_c(site):
     r = run_cli("rollout", "ctrl-c-env", "--tokenizer", "tiny", "-n", "3", site=site, timeout=240)
     assert r.returncode == 0 and "done=3" in r.stdout, r.stdout + r.stderr
@@ -227,6 +229,7 @@ def test_ctrl_c_in_the_loops_last_iteration_is_not_dropped(tiny_tokenizer):
 
 
 # ---- resuming after a kill mid-write --------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_resume_after_a_partial_last_line_loses_no_rollout(tmp_path):
     run = tmp_path / "run"
     r = run_cli("rollout", "guess-number", "--tokenizer", "tiny", "-n", "2", "--out", str(run), timeout=200)

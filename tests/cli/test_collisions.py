@@ -77,6 +77,7 @@ def test_collision_disables_only_that_id_in_the_api(clash):
         assert text in line, line
 
 
+@pytest.mark.slow
 def test_collision_keeps_list_info_validate_rollout_of_other_ids_working(clash):
     r = run_cli("list", "--json", site=clash)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -108,6 +109,7 @@ def _venv_site(path: Path) -> tuple[Path, Path]:
     return python, purelib
 
 
+@pytest.mark.slow
 def test_uninstall_of_a_colliding_id_asks_which_then_removes_one(tmp_path):
     python, site = _venv_site(tmp_path / "v")
     for dist, module in (("plugin-good", "plugin_good"), ("plugin-impostor", "plugin_impostor")):

@@ -5,6 +5,8 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
+
 import envhub
 from envhub.backends.base import SamplingParams
 from envhub.backends.hf import HFBackend
@@ -31,6 +33,7 @@ async def _two(backend, ids):
         await backend.close()
 
 
+@pytest.mark.slow
 def test_the_rate_moves_before_any_episode_finishes(tiny_model_path, tiny_tokenizer):
     spec = envhub.get_spec("countdown")
     backend = HFBackend(tiny_model_path)

@@ -48,6 +48,7 @@ def _shipped() -> dict[str, bytes]:
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("where", ["checkout", "elsewhere"])
+@pytest.mark.slow
 def test_registry_add_without_registry_writes_the_user_index_never_the_shipped_one(plugin, clean_env, tmp_path,
                                                                                   where):
     before = _shipped()
@@ -71,6 +72,7 @@ def test_registry_add_without_registry_writes_the_user_index_never_the_shipped_o
                                      for row in json.loads(r.stdout)), r.stdout + r.stderr
 
 
+@pytest.mark.slow
 def test_a_project_index_is_still_the_default_in_a_project(plugin, clean_env, tmp_path):
     project = tmp_path / "registry.toml"
     project.write_text("")
@@ -97,6 +99,7 @@ def old_setuptools(tmp_path_factory) -> Path:
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow
 def test_registry_add_with_too_old_setuptools_says_so_before_admission(plugin, clean_env, tmp_path, old_setuptools):
     env = {**clean_env, "PYTHONPATH": f"{old_setuptools}{os.pathsep}{clean_env.get('PYTHONPATH', '')}"}
     probe = subprocess.run([sys.executable, "-c", "import setuptools; print(setuptools.__version__)"],

@@ -12,6 +12,7 @@ from envhub.task import select
 from helpers import load_trajectories, run_cli
 
 
+@pytest.mark.slow
 def test_golden_rollout_cli_saves_a_dataset_that_checks_faithful(tmp_path):
     out = tmp_path / "trajs"
     r = run_cli("rollout", "guess-number", "--model", "golden", "--tokenizer", "tiny", "-n", "3", "--samples", "2",
@@ -24,6 +25,7 @@ def test_golden_rollout_cli_saves_a_dataset_that_checks_faithful(tmp_path):
     assert r.returncode == 0 and "all trajectories faithful" in r.stdout, r.stdout + r.stderr
 
 
+@pytest.mark.slow
 def test_check_trajectory_cli_fails_on_a_tampered_record(tmp_path, tiny_tokenizer):
     spec = envhub.get_spec("countdown")
     trajs = asyncio.run(rollout_many(spec, select(spec.load_tasks(), n=2), ScriptedBackend(spec.golden), tiny_tokenizer))
@@ -43,6 +45,7 @@ def test_saved_trajectories_load_back_losslessly(tmp_path, tiny_tokenizer):
     assert as_json(back) == as_json(trajs)
 
 
+@pytest.mark.slow
 def test_model_rollout_cli_with_the_tiny_model(tmp_path):
     """transformers on CPU through the CLI: real sampling, logprobs on model tokens, a marked outcome per rollout."""
     out = tmp_path / "tiny"

@@ -108,6 +108,7 @@ def lines(run: Path) -> list[dict]:
     return [json.loads(x) for x in (run / "trajectories.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_run_dir_is_refused_resumed_or_overwritten_and_carries_its_metadata(tmp_path):
     run = tmp_path / "run"
     r = rollout("guess-number", "--tokenizer", "tiny", "-n", "2", "--samples", "2", "--out", str(run))
@@ -147,6 +148,7 @@ def test_run_dir_is_refused_resumed_or_overwritten_and_carries_its_metadata(tmp_
     assert r.returncode == 0 and len(lines(run)) == 1, r.stdout + r.stderr
 
 
+@pytest.mark.slow
 def test_out_never_replaces_a_directory_that_is_not_a_run(tmp_path):
     (tmp_path / "notes.txt").write_text("mine")
     r = rollout("guess-number", "--tokenizer", "tiny", "-n", "1", "--out", str(tmp_path), "--overwrite")
@@ -173,12 +175,14 @@ def test_bad_input_is_one_line_before_anything_runs(args, says):
     assert "Traceback" not in r.stderr and "rollouts" not in r.stdout
 
 
+@pytest.mark.slow
 def test_unreachable_backend_fails_preflight_in_one_line():
     r = rollout("guess-number", "--model", f"http://127.0.0.1:{_closed_port()}", "--tokenizer", "tiny")
     assert r.returncode == 1 and "is not usable" in r.stderr and "cannot reach" in r.stderr, r.stdout + r.stderr
     assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_errored_rollouts_exit_nonzero_unless_under_max_errors(site):
     r = rollout("broken-env", "--tokenizer", "tiny", "-n", "2", site=site)
     assert r.returncode == 1 and "error=2" in r.stdout and "2 of 2 rollouts failed" in r.stdout, r.stdout + r.stderr
@@ -186,6 +190,7 @@ def test_errored_rollouts_exit_nonzero_unless_under_max_errors(site):
     assert r.returncode == 0, r.stdout + r.stderr
 
 
+@pytest.mark.slow
 def test_a_hanging_env_is_a_timeout_per_task_and_the_cli_returns(site, tmp_path):
     t0 = time.monotonic()
     r = rollout("hang-env", "--tokenizer", "tiny", "-n", "3", "--timeout", "2", "--out", str(tmp_path / "r"),

@@ -86,6 +86,7 @@ def test_two_distributions_claiming_one_id_is_an_error_naming_both(site):
     assert "PluginCollision" in r.stdout and "plugin-good" in r.stdout and "plugin-impostor" in r.stdout, r.stdout + r.stderr
 
 
+@pytest.mark.slow
 def test_unknown_id_suggests_close_names(site):
     r = run_py("""
         import envhub

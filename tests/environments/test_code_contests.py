@@ -106,6 +106,7 @@ def test_grader_passes_golden_and_fails_empty_broken_and_wrong(rows):
     assert verdict(task, "import sys\nsys.exit(3)\n")[1] == "RE"
 
 
+@pytest.mark.slow
 def test_grader_enforces_time_and_memory_limits(rows):
     task = rows["cc-max-subarray"]
     t = verdict(task, "while True:\n    pass\n")

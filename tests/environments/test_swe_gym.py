@@ -412,6 +412,7 @@ def test_out_of_turns_the_work_so_far_is_graded(spec, rows):
 
 
 @needs_bwrap
+@pytest.mark.slow
 def test_probes_fail_through_the_env(spec, rows):
     task = by_id(rows, "envhub__spanlib-21")
 

@@ -130,6 +130,7 @@ def test_preparation_leaves_no_copy_of_the_tests_in_the_tree(rows, tmp_path):
 
 
 @needs_bwrap
+@pytest.mark.slow
 def test_the_run_sandbox_holds_no_copy_of_the_test_patch(rows):
     """During RUN the agent may read the repository's tests, but not the FAIL_TO_PASS tests to come: no file and no
     git object of the RUN sandbox holds the lines the test patch adds (a line of the existing tests is found the same
@@ -206,6 +207,7 @@ ATTACKS = {
 
 
 @pytest.mark.parametrize("attack", sorted(ATTACKS))
+@pytest.mark.slow
 def test_the_compiled_tests_are_out_of_the_tested_codes_reach(attack, tmp_path):
     """Each attack gets the test's constants with the memory defence off, and is refused (and recorded) with it."""
     module = FOUND + ATTACKS[attack]
@@ -276,6 +278,7 @@ def test_a_dry_run_of_the_running_test_inside_itself_is_recorded(tmp_path):
     assert any("test_bad ran outside its own test run" in t for t in rec.tampering), rec.tampering
 
 
+@pytest.mark.slow
 def test_a_test_body_run_outside_its_own_test_is_recorded(tmp_path):
     """The recorder's rule alone (the memory defence off), and shown to be what catches it (off too: no record): a package that runs another test's body (to see what it
     compares with) is caught by pytest's own state, whatever runs it; a test calling a test is fine."""

@@ -278,6 +278,7 @@ def test_a_client_that_goes_away_mid_generation_leaves_no_trained_turn(tiny_toke
     assert build(s) == []  # no finished call: nothing to train on
 
 
+@pytest.mark.slow
 def test_a_client_varying_its_tools_does_not_grow_memory(plain):
     """Every call with another tool set would compile and keep another codec: the codecs shared per tokenizer (the
     gateway's, the executor's and the service's one cache) are a bounded set."""

@@ -102,6 +102,7 @@ def test_the_limits_hold_on_either_loop(serve, loop):
                             ("past the cap cut off", True)]
 
 
+@pytest.mark.slow
 def test_break_it_without_the_head_deadline_the_check_fails(serve, monkeypatch):
     monkeypatch.setattr(limits.GuardedH11Protocol, "_arm_head_deadline", lambda self: None)
     monkeypatch.setattr(GuardedHttpToolsProtocol, "_arm_head_deadline", lambda self: None)  # the gateway's default

@@ -127,6 +127,7 @@ def test_an_export_waiting_for_the_end_gets_its_answer_when_the_session_ends(ser
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 def test_the_first_ctrl_c_stops_a_gateway_with_an_export_waiting(tmp_path):
     """``envhub gateway`` with an export waiting on a session that never ends: one SIGINT stops it (the waiting
     client gets a 503 saying so), where before the fix uvicorn waited for that request forever."""

@@ -59,6 +59,7 @@ def _run(code: str, arg: str) -> dict:
 
 
 @pytest.mark.timeout(150)
+@pytest.mark.slow
 def test_envhub_gateway_serves_with_startup_frozen_and_the_young_threshold_raised():
     state = _run(CLI_CHECK, "check")
     assert state["enabled"] and tuple(state["thresholds"]) == GC_THRESHOLDS
@@ -66,6 +67,7 @@ def test_envhub_gateway_serves_with_startup_frozen_and_the_young_threshold_raise
 
 
 @pytest.mark.timeout(150)
+@pytest.mark.slow
 def test_break_it_without_the_tuning_the_check_sees_the_defaults():
     state = _run(CLI_CHECK, "break-it")
     assert tuple(state["thresholds"]) != GC_THRESHOLDS and state["frozen"] == 0

@@ -139,6 +139,7 @@ ALIKE = {
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.slow
 def test_where_the_parsers_differ_each_outcome_is_pinned(serve):
     seen = {p: _outcomes(serve(p, header_timeout_s=2.0), {k: [v[0]] for k, v in DIFFERENCES.items()})
             for p in PROTOCOLS}
@@ -198,6 +199,7 @@ def test_httptools_is_the_default_and_h11_can_be_chosen(monkeypatch):
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 def test_break_it_without_the_head_limit_an_endless_header_is_held(serve, monkeypatch):
     monkeypatch.setattr(guarded_httptools.GuardedHttpToolsProtocol, "max_head_bytes", 1 << 30)
     packets, pause = ATTACKS["endless header value, 1 KB packets"]
@@ -207,6 +209,7 @@ def test_break_it_without_the_head_limit_an_endless_header_is_held(serve, monkey
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 def test_break_it_without_the_head_deadline_a_slow_head_is_kept(serve, monkeypatch):
     monkeypatch.setattr(guarded_httptools.GuardedHttpToolsProtocol, "_arm_head_deadline", lambda self: None)
     srv = serve("httptools", max_body_bytes=1 << 20, body_timeout_s=1.0, header_timeout_s=1.0, max_connections=4)

@@ -92,6 +92,7 @@ HTTP_BODIES = [b'{"messages":[{"role":"user","content":"hi \\ud800 there"}]}',  
                b'{"messages":1.5}', b'{"messages":[{"role":"user","content":"hi"}]} trailing']
 
 
+@pytest.mark.slow
 def test_over_http_every_reply_is_what_json_loads_gave(gateway, monkeypatch):
     gw, srv = gateway
     fast = _replies(gw, srv, HTTP_BODIES)

@@ -27,6 +27,7 @@ BASH = {"type": "function", "function": {"name": "bash", "description": "Run a s
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.slow
 def test_a_gateway_trajectory_with_tools_passes_check_trajectory(tiny_tokenizer, tmp_path):
     gw = Gateway(ScriptedBackend(agent_policy), tiny_tokenizer)
     with GatewayThread(gw) as srv:

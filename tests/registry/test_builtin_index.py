@@ -40,6 +40,7 @@ def test_builtin_index_names_wheels_shipped_beside_it():
     assert (ROOT / "registry.toml").resolve() == BUILTIN.resolve()  # the checkout's index is the built-in one
 
 
+@pytest.mark.slow
 def test_tampered_builtin_wheel_is_refused_before_pip_runs(tmp_path, venv, pip_list, monkeypatch):
     shutil.copyfile(BUILTIN, tmp_path / "index.toml")
     shutil.copytree(BUILTIN.parent / "wheels", tmp_path / "wheels")

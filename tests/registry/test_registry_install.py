@@ -39,6 +39,7 @@ def run_cli_in(venv, *args: str) -> subprocess.CompletedProcess:
 
 
 # ---- registry add / publish -----------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_registry_add_writes_entry_with_hash_and_admission(plugin, tmp_path):
     root = plugin("pub-env", "tool")
     reg_path = tmp_path / "registry.toml"
@@ -68,6 +69,7 @@ def test_registry_add_writes_entry_with_hash_and_admission(plugin, tmp_path):
     assert reg.get("pub-env").extra == {"homepage": "https://example.org"}
 
 
+@pytest.mark.slow
 def test_registry_add_refuses_an_unfit_verifier(plugin, tmp_path):
     root = plugin("lax-env")
     module = root / "envhub_lax_env" / "__init__.py"
@@ -101,6 +103,7 @@ def test_registry_add_refuses_an_unfit_verifier(plugin, tmp_path):
 
 
 # ---- install / uninstall --------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_install_local_tree_checks_hash_installs_and_uninstalls(plugin, tmp_path, venv, pip_list):
     reg = published(plugin, tmp_path, "good-env")
     root = tmp_path / "envs" / "good-env"
@@ -127,6 +130,7 @@ def test_install_local_tree_checks_hash_installs_and_uninstalls(plugin, tmp_path
         uninstall("good-env", opts(venv))
 
 
+@pytest.mark.slow
 def test_tampered_source_is_refused_before_pip_runs(plugin, tmp_path, venv, pip_list):
     reg = published(plugin, tmp_path, "tamper-env")
     data = tmp_path / "envs" / "tamper-env" / "envhub_tamper_env" / "data" / "test.jsonl"
@@ -162,6 +166,7 @@ def test_install_refuses_unknown_ids_wrong_versions_and_unpinned_entries(tmp_pat
         PipOptions(python=str(tmp_path / "no-python"))
 
 
+@pytest.mark.slow
 def test_cli_list_search_info_install_uninstall(plugin, tmp_path, venv, pip_list):
     reg = published(plugin, tmp_path, "cli-env", "tool")
     r = str(reg.path)

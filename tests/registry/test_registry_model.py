@@ -65,6 +65,7 @@ def test_content_hash_is_stable_across_copies_and_mtimes_but_sees_every_byte_and
     assert content_hash(copy) != digest
 
 
+@pytest.mark.slow
 def test_content_hash_unchanged_by_a_real_build_in_the_tree(plugin):
     root = plugin("built-env")
     digest = content_hash(root)

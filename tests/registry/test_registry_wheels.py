@@ -19,6 +19,7 @@ def cli(*args: str):
     return CliRunner().invoke(main, list(args), catch_exceptions=False)
 
 
+@pytest.mark.slow
 def test_wheel_build_is_reproducible_from_content_alone(plugin, tmp_path):
     root = plugin("repro-env")
     a = build_wheel(root, tmp_path / "a")
@@ -39,6 +40,7 @@ def test_wheel_build_is_reproducible_from_content_alone(plugin, tmp_path):
     assert compare_wheels(a.path, c.path) == ["differs: envhub_repro_env/__init__.py"]
 
 
+@pytest.mark.slow
 def test_verify_tells_a_stale_wheel_and_rebuild_a_forged_one(plugin, tmp_path):
     root = plugin("stale-env")
     reg_path = tmp_path / "registry.toml"
@@ -77,6 +79,7 @@ def test_verify_tells_a_stale_wheel_and_rebuild_a_forged_one(plugin, tmp_path):
     assert [(c.status, c.env_id) for c in checks] == [("DIFFER", "stale-env")]
 
 
+@pytest.mark.slow
 def test_reuse_admission_only_for_the_tree_it_ran_on(plugin, tmp_path, monkeypatch):
     root = plugin("reuse-env")
     reg_path = tmp_path / "registry.toml"

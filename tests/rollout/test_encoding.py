@@ -54,6 +54,7 @@ TEXTS = st.lists(st.sampled_from(PARTS), max_size=40).map("".join)
 
 @settings(max_examples=150, deadline=None)
 @given(texts=st.lists(TEXTS, min_size=1, max_size=6))
+@pytest.mark.slow
 def test_every_tokenizer_encodes_exactly(built, texts):
     for name, (tok, _) in built.items():
         if name == "dropout":

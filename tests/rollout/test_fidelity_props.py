@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rollout_sim import TOOLS, Turn, assemble, byte_ids, oracle_env_text, split_ids
@@ -94,6 +96,7 @@ def scripts(draw, codec, tok, family, **kw):
 
 @SETTINGS
 @given(data=st.data())
+@pytest.mark.slow
 def test_random_scripts_are_faithful(data, codec, tok, family):
     final = data.draw(st.sampled_from([None, True, False]))
     opening, turns = data.draw(scripts(codec, tok, family, final_reply_gp=final))
@@ -153,6 +156,7 @@ def _copy(traj: Trajectory, **changes) -> Trajectory:
 
 @SETTINGS
 @given(data=st.data(), zero=st.booleans())
+@pytest.mark.slow
 def test_flipped_mask_bit_is_caught(data, codec, tok, family, zero):
     traj, gens = _valid(data, codec, tok, family, zero_logprobs=zero)
     if not traj.response_mask:
@@ -172,6 +176,7 @@ def test_flipped_mask_bit_is_caught(data, codec, tok, family, zero):
 
 @SETTINGS
 @given(data=st.data())
+@pytest.mark.slow
 def test_retokenized_sampled_span_is_caught(data, codec, tok, family):
     traj, gens = _valid(data, codec, tok, family)
     candidates = [(k, r) for k, r in enumerate(traj.action_ranges)

@@ -44,6 +44,7 @@ def hf(tiny_model_path):
 
 
 @pytest.mark.parametrize("mode", ["hold", "abort"])
+@pytest.mark.slow
 def test_every_token_is_scored_by_the_weights_of_its_tag(hf, tiny_tokenizer, mode):
     trainer = Trainer(hf, mode, seed={"hold": 1, "abort": 2}[mode])
     try:
@@ -66,6 +67,7 @@ def test_every_token_is_scored_by_the_weights_of_its_tag(hf, tiny_tokenizer, mod
     assert ambiguous <= 0.05 * n_seg, f"{ambiguous} of {n_seg} segments are also explained by another version"
 
 
+@pytest.mark.slow
 def test_a_resumed_chunk_keeping_the_old_tag_is_caught(hf, tiny_tokenizer):
     """The attack: drop the version on resumed chunks (tag the whole turn with the version it started under)."""
     trainer = Trainer(hf, "abort", seed=3)
@@ -81,6 +83,7 @@ def test_a_resumed_chunk_keeping_the_old_tag_is_caught(hf, tiny_tokenizer):
     assert bad > 0
 
 
+@pytest.mark.slow
 def test_a_held_batch_that_keeps_its_stale_cache_is_caught(hf, tiny_tokenizer, monkeypatch):
     """Break the hold: after the resume the batch continues on the KV cache of the old weights (vLLM's ``keep``)
     instead of re-running its context; its later tokens then match no version exactly."""
@@ -128,6 +131,7 @@ def test_an_abort_leaked_to_the_agent_is_caught(hf, tiny_tokenizer, monkeypatch)
     assert cut_turns(trajs, hf.eos_token_ids)
 
 
+@pytest.mark.slow
 def test_a_pause_storm_changes_nothing_the_agent_sees(hf, tiny_tokenizer):
     """Hold mode with the weights unchanged: the same seeds give the same episodes, token for token, with or
     without hundreds of pauses at random token offsets."""
@@ -145,6 +149,7 @@ def test_a_pause_storm_changes_nothing_the_agent_sees(hf, tiny_tokenizer):
         assert max(abs(x - y) for x, y in zip(a.response_logprobs, b.response_logprobs)) < 1e-4
 
 
+@pytest.mark.slow
 def test_paused_time_does_not_count_towards_the_rollout_timeout(hf, tiny_tokenizer, monkeypatch):
     """A 1.5 s episode budget and 3 s paused (from before the first model call): the episodes still complete. With
     the timeout counting paused time (the defence off), the same run times out."""

@@ -55,6 +55,7 @@ def test_scaffold_untouched_passes_envhub_validate(tmp_path, kind):
 
 
 @pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.slow
 def test_scaffold_installs_with_pip_install_e_untouched(tmp_path, venv, kind):
     n = names(f"edit-{kind}")
     root = scaffold(n["env_id"], tmp_path, kind)

@@ -3,10 +3,13 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from svc_helpers import spawn_server
 from helpers import run_cli
 
 
+@pytest.mark.slow
 def test_status_shows_stages_jobs_and_backends(serve):
     srv = serve(init_workers=3, run_workers=5, eval_workers=2)
     r = run_cli("status", srv.url, timeout=120)
@@ -20,6 +23,7 @@ def test_status_shows_stages_jobs_and_backends(serve):
     assert down.returncode != 0 and "cannot reach" in down.stderr
 
 
+@pytest.mark.slow
 def test_serve_prints_where_it_listens_and_requires_a_token_off_loopback():
     proc, url, lines = spawn_server("--host", "0.0.0.0", "--backend", "golden", "--run-workers", "3")
     try:
@@ -42,6 +46,7 @@ def test_serve_rejects_bad_pool_sizes():
     assert r.returncode == 2 and "--run-workers" in r.stderr and ">= 1" in r.stderr
 
 
+@pytest.mark.slow
 def test_serve_max_body_mb_is_the_flag_the_413_names():
     """The 413 reply tells the operator which flag raises the cap; that flag exists and sets it."""
     import urllib.error

@@ -260,6 +260,7 @@ async def test_dapo_sizes_its_inflight_groups_by_the_controllers_oversampling_fa
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 async def test_break_it_a_collector_that_ignores_the_factor_fails_the_check(serve, monkeypatch, caplog):
     from envhub.service.controller import Knobs
 

@@ -326,6 +326,7 @@ async def test_the_oversampling_factor_follows_what_the_trainer_discards(serve, 
 
 
 @pytest.mark.timeout(300)  # envhub serve's start-up took 90 s on a loaded machine
+@pytest.mark.slow
 def test_envhub_serve_controller_aimd():
     proc, url, lines = spawn_server("--backend", "golden", "--run-workers", "6", "--controller", "aimd",
                                     "--controller-start", "3", "--controller-interval", "0.2",

@@ -72,6 +72,7 @@ def test_an_unavailable_runtime_and_an_unreachable_backend_are_refused_by_name()
     assert "descriptors: ok" in r.stdout  # the others still pass
 
 
+@pytest.mark.slow
 def test_the_server_refuses_to_start_instead_of_failing_late():
     url = f"http://127.0.0.1:{closed_port()}"
     r = envhub("serve", "--port", "0", "--tokenizer", "tiny", "--backend", url)

@@ -65,6 +65,7 @@ async def test_a_job_path_that_skips_the_gate_is_caught(serve, monkeypatch):
     assert peak > 2  # what the test above rules out
 
 
+@pytest.mark.slow
 async def test_dapo_oversampling_stays_within_capacity_and_reports_its_discards(serve):
     """DAPO submits max_inflight = 32 jobs at once against a gate with room for 8 (eta 0, B 8 = two groups of 4):
     the server runs at most 8; zero-variance groups are reported as discarded, so the gate never fills with samples
@@ -180,6 +181,7 @@ async def test_bad_gate_requests_are_refused_and_change_nothing(serve):
         {k: v for k, v in before.items() if k not in ("version", "accepted", "recovered", "capacity")}
 
 
+@pytest.mark.slow
 async def test_dapo_without_its_discard_reports_stalls_on_a_full_gate(serve, monkeypatch):
     """The reason the collector reports discards: without them the two zero-variance groups it was admitted first
     fill the budget (eta 0, B 8) with samples nobody trains, and the trainer waits on a gate at capacity 0."""

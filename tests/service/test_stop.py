@@ -43,6 +43,7 @@ def sandbox_pids(server_pid: int) -> list[int]:
     return out
 
 
+@pytest.mark.slow
 async def test_stop_with_jobs_in_flight_answers_all_and_leaves_no_process():
     proc, url, _ = spawn_server("--backend", "golden", "--init-workers", "2", "--run-workers", "3",
                                 "--eval-workers", "1", "--sandbox-pool", "1")
@@ -98,6 +99,7 @@ async def test_init_takes_prewarmed_sandboxes_and_run_frees_its_sandbox_before_e
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+@pytest.mark.slow
 async def test_process_exit_leaves_no_sandbox_behind(sig):
     proc, url, _ = spawn_server("--backend", "golden", "--sandbox-pool", "2")
     try:
