@@ -40,10 +40,9 @@ lint: setup  ## ruff over the tree, mypy over the core contract (pyproject.toml 
 test: setup  ## everything CI runs: lint, registry, every tier; what waits runs at once (scripts/test-all.sh)
 	bash scripts/test-all.sh
 
-check: lint  ## the inner loop: lint, types, unit tests (no slow, model or tier tests), on 4 xdist workers
+check: lint  ## the inner loop: lint, types, unit tests (no slow, serial timing, model or tier tests), on 4 xdist workers
 	OMP_NUM_THREADS=1 $(BIN)/pytest -q -n 4 --dist loadscope --durations=10 \
 		-m "not serial and not slow and not smollm and not vllm and not trainers and not ray and not harness"
-	$(BIN)/pytest -q -m "serial and not slow and not smollm and not vllm and not trainers and not ray and not harness"
 
 test-fast: check
 
