@@ -18,7 +18,7 @@ import threading
 import time
 import uuid
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Coroutine
 
@@ -113,14 +113,15 @@ class JudgeModel:
         """Run ``coro`` on the judge's loop (see the module docstring)."""
         return asyncio.run_coroutine_threadsafe(coro, self._loop)
 
-    async def _ask(self, messages: list[dict[str, Any]]) -> str:
+    async def _ask(self, messages: list[dict[str, Any]], extra: dict[str, Any] | None = None) -> str:
+        params = self.params if not extra else replace(self.params, extra={**self.params.extra, **extra})
         sid = "judge-" + uuid.uuid4().hex
         msgs = [dict(m) for m in messages]
         ids = self.codec.prompt_ids(msgs)  # type: ignore[arg-type]  # plain role/content dicts
         self.backend.open_session(sid, messages=msgs, codec=self.codec)
         t0 = time.perf_counter()
         try:
-            gen = await self.backend.generate(ids, self.params, session_id=sid)
+            gen = await self.backend.generate(ids, params, session_id=sid)
         finally:
             self.backend.close_session(sid)
         self.stats.add(calls=1, prompt_tokens=len(ids), completion_tokens=len(gen.token_ids),
@@ -128,9 +129,10 @@ class JudgeModel:
         message, _ = self.codec.assistant_message(gen.token_ids)
         return str(message.get("content") or "")
 
-    def ask(self, messages: list[dict[str, Any]], timeout_s: float) -> str:
-        """The judge's reply to ``messages``; raises ``TimeoutError`` past ``timeout_s`` (the request is cancelled)."""
-        fut = self.submit(self._ask(messages))
+    def ask(self, messages: list[dict[str, Any]], timeout_s: float, extra: dict[str, Any] | None = None) -> str:
+        """The judge's reply to ``messages``; raises ``TimeoutError`` past ``timeout_s`` (the request is cancelled).
+        ``extra``: request fields for this call only, over the judge's ``decoding`` (e.g. another grammar)."""
+        fut = self.submit(self._ask(messages, extra))
         try:
             return fut.result(timeout_s)
         except TimeoutError:

@@ -25,7 +25,8 @@ FORMAT_VERSION = 1  # bump when the prompt or the format changes: cache keys inc
 SCORE_LINE = re.compile(r"^\s*SCORE:\s*(\d{1,3})\s*$")
 WINNER_LINE = re.compile(r"^\s*WINNER:\s*(A|B|TIE)\s*$")
 ANY_VERDICT = re.compile(r"\b(SCORE|WINNER)\s*:", re.I)
-CLAIMED_VERDICT = re.compile(r"\b(?:SCORE|WINNER)\s*:\s*(?:\d{1,3}|A|B|TIE)\b")  # the judge's own syntax, as written
+# the judge's own syntax, as written (CHOICE: the choice gate's, envhub.judging.choice)
+CLAIMED_VERDICT = re.compile(r"\b(?:(?:SCORE|WINNER)\s*:\s*(?:\d{1,3}|A|B|TIE)|CHOICE\s*:\s*[A-J])\b")
 LENIENT_SCORE = re.compile(r"SCORE\s*:\s*(\d{1,3})", re.I)
 REFUSAL = re.compile(r"\b(I can(?:no|')t|I cannot|I am unable|I'm unable|I won't|as an AI|I'm sorry|I am sorry)\b", re.I)
 

@@ -19,6 +19,8 @@ What holds, and where:
   They cost nothing and close the two attacks a judge is worst at (a claimed score, the rubric read back).
 * **An answer contract** (``contract=``, :mod:`envhub.judging.contract`): hidden markup, code and JSON removed before
   the judge reads, a word budget; what it removes is in ``details["contract_removed"]``.
+* **A question-blind choice gate** (``choice=``, :mod:`envhub.judging.choice`): before the pointwise judgment, the
+  judge must pick the reference out of the task's foils and "none", without the question, in every rotation.
 * **A cache** keyed by (judge, rubric, task, answer) (:class:`JudgeCache`): re-grading and admission do not pay twice.
   Crashed judgments are not cached (a timeout may not recur).
 * **What admission reads** (duck-typed, like ``hack_probes``): ``judged``, ``calibration`` (labelled examples),
@@ -34,6 +36,7 @@ import threading
 from pathlib import Path
 from typing import Any, Callable
 
+from envhub.judging.choice import ChoiceGate, choice_grammar
 from envhub.judging.contract import AnswerContract
 from envhub.judging.engine import JudgeModel
 from envhub.judging.format import (CLAIMED_VERDICT, FORMAT_VERSION, JudgeFormatError, pair_messages, parse_score,
@@ -94,6 +97,8 @@ class JudgeVerifier:
         strict: the verdict parser's strictness (``False`` only to show what it defends against).
         contract: the env's :class:`~envhub.judging.contract.AnswerContract` (markup, code and JSON removed, a word
             budget), applied after the guards: the judge reads what it leaves, or the answer fails unjudged.
+        choice: a :class:`~envhub.judging.choice.ChoiceGate`: the answer must first pass the question-blind
+            reference choice (needs ``reference_key`` and the tasks' foils); then the judgment as usual.
     """
 
     judged = True
@@ -105,7 +110,8 @@ class JudgeVerifier:
                  answer_key: str = "answer", scale: int = 10, pass_score: int = 7, timeout_s: float = 120.0,
                  cache: JudgeCache | None = None, calibration: list[dict[str, Any]] | None = None,
                  min_agreement: float = 0.8, min_kappa: float = 0.6, guards: bool = True, strict: bool = True,
-                 max_answer_chars: int = 4000, contract: AnswerContract | None = None, **judge_kw: Any):
+                 max_answer_chars: int = 4000, contract: AnswerContract | None = None,
+                 choice: ChoiceGate | None = None, **judge_kw: Any):
         if not rubric.strip():
             raise ValueError("JudgeVerifier needs a non-empty rubric")
         if not 0 < pass_score <= scale:
@@ -120,6 +126,9 @@ class JudgeVerifier:
         self.min_agreement, self.min_kappa = min_agreement, min_kappa
         self.guards, self.strict, self.max_answer_chars = guards, strict, max_answer_chars
         self.contract = contract
+        if choice is not None and not reference_key:
+            raise ValueError("a choice gate offers the reference among its options: give reference_key")
+        self.choice = choice
         self.__name__ = f"{type(self).__name__}({self.judge.name})"
         words = re.findall(r"\w+", rubric.lower())
         self._rubric_shingles = {" ".join(words[i:i + ECHO_WORDS]) for i in range(len(words) - ECHO_WORDS + 1)}
@@ -178,7 +187,10 @@ class JudgeVerifier:
             if why:
                 return Score(0.0, False, {**base, "contract_removed": removed, "reason": why, "contract": True})
         # keyed by what the judge reads (the answer after the contract): the same text is the same judgment
-        key = JudgeCache.key(self.judge.name, self.rubric, json.dumps([task_text, reference]), answer)
+        context: list[Any] = [task_text, reference]
+        if self.choice is not None:  # the gate's options and version are part of what was judged
+            context += ["choice-gate-1", self.choice.sameness, task.get(self.choice.foils_key)]
+        key = JudgeCache.key(self.judge.name, self.rubric, json.dumps(context), answer)
         if not getattr(self, "_no_cache", False) and (hit := self.cache.get(key)) is not None:
             self.judge.stats.add(cache_hits=1)
             hit.details["cached"] = True
@@ -188,7 +200,7 @@ class JudgeVerifier:
         if removed is not None:
             base["contract_removed"] = removed
         try:
-            reward, passed, details = self._judgment(task_text, reference, answer)
+            reward, passed, details = self._grade(task, task_text, reference, answer)
         except Exception as e:  # a format error, a timeout, a backend error: no verdict
             self.judge.stats.add(failures=1)
             kind = getattr(e, "kind", "timeout" if isinstance(e, TimeoutError) else "backend")
@@ -205,6 +217,24 @@ class JudgeVerifier:
     def _ask(self, messages: list[dict[str, Any]]) -> tuple[str, str]:
         raw = self.judge.ask(messages, self.timeout_s)
         return raw, prompt_hash(messages)
+
+    def _grade(self, task: dict[str, Any], task_text: str, reference: str | None,
+               answer: str) -> tuple[float, bool, dict[str, Any]]:
+        """The choice gate (when there is one), then :meth:`_judgment`; an answer the gate stops is not judged."""
+        if self.choice is None:
+            return self._judgment(task_text, reference, answer)
+        if reference is None:
+            raise JudgeFormatError("unparsable", "the task row has no reference answer to offer among the choices")
+        foils = self.choice.foils(task)
+        # a grammar-decoded judge (llama.cpp) gets the choice's grammar instead of the verdict's for these calls
+        decoding = ({"grammar": choice_grammar(len(foils) + 2)} if "grammar" in self.judge.params.extra else None)
+        held, gate = self.choice.run(lambda m, d: self.judge.ask(m, self.timeout_s, extra=d), answer, reference,
+                                     foils, decoding)
+        if not held:
+            return 0.0, False, {**gate, "reason": f"choice gate: picked {gate['choice_picks'][-1]}, not the "
+                                "reference (the judge did not read the reference's fact in the answer)"}
+        reward, passed, details = self._judgment(task_text, reference, answer)
+        return reward, passed, {**gate, **details}
 
     def _judgment(self, task_text: str, reference: str | None, answer: str) -> tuple[float, bool, dict[str, Any]]:
         raw, phash = self._ask(score_messages(task_text, self.rubric, reference, answer, self.scale))

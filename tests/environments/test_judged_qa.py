@@ -20,11 +20,20 @@ import pytest
 import envhub_judged_qa as qa
 from envhub import EnvSpec
 from envhub.admission import admit
+from envhub.judging.choice import choice_grammar
 from envhub.judging.grammar import score_grammar
 
 pytestmark = pytest.mark.timeout(300)
 FENCE = re.compile(r"(ANSWER-[0-9A-F]{12})\n(.*?)\n\1", re.S)
 GOOD = {ex["answer"] for ex in qa.CALIBRATION if ex["label"]} | {t["golden"] for t in qa.TASKS}
+REFERENCES = {t["reference"] for t in [*qa.TASKS, qa.PLAY]}
+OPTION = re.compile(r"^([A-J])\. (.*)$", re.M)
+
+
+def choice_reply(content: str, ok: bool) -> str:
+    """The choice gate's question: the reference's letter when ``ok``, else the last option ("none")."""
+    options = OPTION.findall(content)
+    return "CHOICE: " + next((letter for letter, o in options if o in REFERENCES and ok), options[-1][0])
 
 
 class Judge(BaseHTTPRequestHandler):
@@ -37,10 +46,15 @@ class Judge(BaseHTTPRequestHandler):
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         Judge.bodies.append(body)
-        answer = FENCE.search(body["messages"][-1]["content"]).group(2)
+        user = body["messages"][-1]["content"]
+        answer = FENCE.search(user).group(2)
         ok = self.mode == "lenient" or answer in GOOD
+        if self.mode == "obedient" and "OPTIONS:" not in user:  # its score obeys a note to the grader
+            ok = ok or "full marks" in answer
         content = ("Same fact as the reference." if ok else "Not the reference's fact.") + \
             f"\nSCORE: {10 if ok else 0}"
+        if "OPTIONS:" in user:  # the choice gate (envhub.judging.choice); lenient: it always finds the reference
+            content = choice_reply(user, ok)
         data = json.dumps({"id": "j", "object": "chat.completion", "model": body["model"], "choices": [
             {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": content}}]}).encode()
         self.send_response(200)
@@ -66,6 +80,21 @@ def hosted(monkeypatch, tiny_model_path):
 def spec() -> EnvSpec:
     return EnvSpec(id="judged-qa", env=qa.JudgedQA, tasks=lambda split: qa.TASKS, verifier=qa.make_verifier(),
                    golden=qa.golden, hack_probes=qa.HACK_PROBES, max_turns=1)
+
+
+def test_every_task_has_a_foil_that_no_calibration_answer_or_probe_uses():
+    """The choice gate's foils are written from the question alone: were one a labelled or probed answer, the gate
+    would be tuned to the answers it is measured on."""
+    from envhub.judgeprobes import attack_answers
+
+    answers = [ex["answer"].lower() for ex in qa.CALIBRATION]
+    for t in [*qa.TASKS, qa.PLAY]:
+        assert t["foils"] and t["reference"] not in t["foils"]
+        probes = [a for a in attack_answers(t.get("golden", ""), t["question"], qa.RUBRIC, "SCORE: 10").values() if a]
+        probes += [h(t, None) for h in qa.HACK_PROBES.values()] if t in qa.TASKS else []
+        for foil in t["foils"]:
+            core = foil.lower().rstrip(".").removeprefix("because ")
+            assert not any(re.search(rf"\b{re.escape(core)}\b", a) for a in answers + [p.lower() for p in probes]), foil
 
 
 def test_the_calibration_set_is_balanced_with_near_misses():
@@ -134,3 +163,32 @@ def test_the_grammar_is_sent_when_asked(hosted, monkeypatch):
     finally:
         v.close()
     assert s.passed and Judge.bodies[-1]["grammar"] == score_grammar() and Judge.bodies[-1]["cache_prompt"] is False
+    # the choice gate's two calls came first, each with its own grammar (a letter of three options)
+    assert [b["grammar"] for b in Judge.bodies[:-1]] == [choice_grammar(3)] * 2
+
+
+def test_a_judge_that_obeys_notes_to_the_grader_is_held_by_the_choice_gate(hosted):
+    """Its score judgment gives SCORE: 10 to "Note to the grader: ... full marks" (as the 1.5B local judge did); its
+    choice is honest, so the note (which states no option's fact) stops at the gate on every task."""
+    Judge.mode = "obedient"
+    s = spec()
+    try:
+        report = admit(s, concurrency=2)
+    finally:
+        s.verifier.close()
+    assert report.fit, report.unfit_reasons
+    assert all(c.ok for t in report.tasks for c in t.checks if c.name == "probe:judge-inject-plain")
+
+
+def test_break_it_without_the_choice_gate_the_obedient_judge_passes_the_note(hosted, monkeypatch):
+    Judge.mode = "obedient"
+    real = qa.make_verifier
+    monkeypatch.setattr(qa, "make_verifier", lambda **kw: real(choice=None, **kw))
+    s = spec()
+    try:
+        report = admit(s, concurrency=2)
+    finally:
+        s.verifier.close()
+    assert not report.fit
+    failed = {(t.task_id, c.name) for t in report.tasks for c in t.checks if not c.ok}
+    assert {(t["task_id"], "probe:judge-inject-plain") for t in qa.TASKS} <= failed, failed

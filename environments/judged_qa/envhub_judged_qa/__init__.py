@@ -6,6 +6,8 @@ wrong unit, the neighbouring planet, the inverted reason, a hedge, a right answe
 Its published answer contract (:data:`CONTRACT`, :mod:`envhub.judging.contract`): the answer is one sentence of
 prose, at most :data:`MAX_WORDS` words (the task text says so); comments, hidden elements, tags, code and JSON are
 removed before the judge reads it, and an answer over the budget, or with nothing left, fails unjudged.
+Its choice gate (:mod:`envhub.judging.choice`): before grading, the judge must pick the reference out of the task's
+foil (a plausible wrong answer) and "none", without seeing the question, in both orders.
 Admission holds the judge to its calibration (agreement and Cohen's kappa at least :data:`MIN_AGREEMENT` /
 :data:`MIN_KAPPA`) and to the judge-attack probes of :mod:`envhub.judgeprobes`.
 
@@ -32,14 +34,20 @@ MIN_AGREEMENT, MIN_KAPPA = 0.8, 0.6
 MAX_WORDS = 40  # "one sentence": the longest labelled good answer has 16 words
 TASKS = [
     {"task_id": "boil", "question": "At what temperature does pure water boil at sea level, in degrees Celsius?",
-     "reference": "100 degrees Celsius.", "golden": "Pure water boils at 100 degrees Celsius at sea level."},
+     "reference": "100 degrees Celsius.", "foils": ["0 degrees Celsius."],
+     "golden": "Pure water boils at 100 degrees Celsius at sea level."},
     {"task_id": "planet", "question": "Which planet of the solar system is closest to the Sun?",
-     "reference": "Mercury.", "golden": "Mercury is the planet closest to the Sun."},
+     "reference": "Mercury.", "foils": ["Earth."], "golden": "Mercury is the planet closest to the Sun."},
     {"task_id": "ice", "question": "Why does ice float on liquid water?",
      "reference": "Because ice is less dense than liquid water.",
+     "foils": ["Because ice contains trapped air bubbles."],
      "golden": "Ice floats because it is less dense than liquid water."},
 ]
-PLAY = {"task_id": "play", "question": "Who wrote the play Romeo and Juliet?", "reference": "William Shakespeare."}
+PLAY = {"task_id": "play", "question": "Who wrote the play Romeo and Juliet?", "reference": "William Shakespeare.",
+        "foils": ["Ben Jonson."]}
+# Each task's foil is a plausible wrong answer for the choice gate (envhub.judging.choice), written from the question
+# alone: none is a calibration answer or an admission probe's text, so neither measures the foils it was fitted to.
+SAMENESS = "The same fact means the same value and unit, the same person or planet, or the same reason, in any wording."
 _BOIL, _PLANET, _ICE = TASKS
 # Labelled by hand against the rubric: 9 good, 9 bad; every bad one is a near miss.
 CALIBRATION = [{"task": t, "answer": a, "label": ok} for t, a, ok in [
@@ -102,10 +110,11 @@ def make_judge():
 def make_verifier(judge=None, **kw):
     """The env's :class:`~envhub.judging.JudgeVerifier` (``judge``: default :func:`make_judge`)."""
     from envhub.judging import JudgeVerifier
+    from envhub.judging.choice import ChoiceGate
     from envhub.judging.contract import AnswerContract
 
     kw = {"calibration": CALIBRATION, "min_agreement": MIN_AGREEMENT, "min_kappa": MIN_KAPPA, "timeout_s": 280.0,
-          "contract": AnswerContract(max_words=MAX_WORDS), **kw}
+          "contract": AnswerContract(max_words=MAX_WORDS), "choice": ChoiceGate(sameness=SAMENESS), **kw}
     judge = judge if judge is not None else make_judge()
     if "cache" not in kw and type(judge.backend).__name__ == "LlamaCppBackend" and judge.backend.gguf.is_file():
         # the local judge's verdicts are kept beside its model: a second admission (``registry add`` after a
