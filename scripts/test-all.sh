@@ -92,16 +92,17 @@ stage setup-ray bash scripts/uvpip.sh .venv -c constraints.txt -e ".[ray]"
 # The trainer tier (.venv-trainers) and the harness + vLLM + Ray tiers (.venv-vllm, the agent CLIs) each install
 # their environment and then run, beside lint, the registry check and the main tier: all of them mostly wait
 # (sandboxes, subprocesses, servers starting), and one after another they left most of the 2 cores idle (CI run
-# at c440e2a: 57 % of the core-seconds; the tiers alone, after the main tier, 635 s). The installs run at a lower
-# CPU priority, the tests at the same: the main tier keeps the cores when it needs them, the rest fill its waits.
-LOW=(nice -n 10)
+# at c440e2a: 57 % of the core-seconds; the tiers alone, after the main tier, 635 s). Everything at the same CPU
+# priority: the chains are the longest sequential paths (install, then a tier with its servers), so they must start
+# at once; at nice 19 (and at nice 10 in a trial beside other load) the installs got no CPU until the main tier
+# ended (~1,450 s in CI run C for what takes 75-104 s alone), and the tiers then ran after it as before.
 trainer_tier() {
-    stage setup-trainers "${LOW[@]}" bash scripts/setup-trainers.sh
+    stage setup-trainers bash scripts/setup-trainers.sh
     ok setup-trainers && stage trainers .venv-trainers/bin/pytest -m trainers -q tests/adapters
 }
 server_tiers() {
-    background setup-vllm "${LOW[@]}" bash scripts/setup-vllm.sh
-    stage setup-harness "${LOW[@]}" bash scripts/setup-harness.sh
+    background setup-vllm bash scripts/setup-vllm.sh
+    stage setup-harness bash scripts/setup-harness.sh
     wait_for setup-vllm && ok setup-harness || return 0
     # ENVHUB_REQUIRE_VLLM: a missing vLLM environment fails the tier instead of skipping it
     stage tiers env ENVHUB_REQUIRE_VLLM=1 $BIN/pytest -m "harness or vllm or ray" -q -n 3 --dist loadscope \
