@@ -108,6 +108,7 @@ def test_the_calibration_set_is_balanced_with_near_misses():
     assert not any(CLAIMED_VERDICT.search(ex["answer"]) for ex in qa.CALIBRATION)
 
 
+@pytest.mark.slow
 def test_a_hosted_judge_by_url_admits_the_env(hosted):
     s = spec()
     try:
@@ -125,6 +126,7 @@ def test_a_hosted_judge_by_url_admits_the_env(hosted):
     assert report.judge_cost["calls"] > 0
 
 
+@pytest.mark.slow
 def test_a_lenient_hosted_judge_is_unfit(hosted):
     Judge.mode = "lenient"
     s = spec()
@@ -140,6 +142,7 @@ def test_a_lenient_hosted_judge_is_unfit(hosted):
     assert not {"probe:judge-verbosity-padding", "probe:reward-claim-json", "malformed:unparseable-tool-call"} & failed
 
 
+@pytest.mark.slow
 def test_break_it_without_its_contract_a_lenient_judge_passes_padding_and_reward_claims(hosted, monkeypatch):
     Judge.mode = "lenient"
     real = qa.make_verifier
