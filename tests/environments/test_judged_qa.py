@@ -82,6 +82,21 @@ def spec() -> EnvSpec:
                    golden=qa.golden, hack_probes=qa.HACK_PROBES, max_turns=1)
 
 
+def admitted(mode: str, monkeypatch=None, **without):
+    """Admission of the env with the hosted judge in ``mode``; ``without`` (e.g. ``contract=None``) builds the env's
+    verifier without that defence (a break-it). Returns (the report, the names of the checks that failed)."""
+    Judge.mode = mode
+    if without:
+        real = qa.make_verifier
+        monkeypatch.setattr(qa, "make_verifier", lambda **kw: real(**without, **kw))
+    s = spec()
+    try:
+        report = admit(s, concurrency=2)
+    finally:
+        s.verifier.close()
+    return report, {c.name for t in report.tasks for c in t.checks if not c.ok}
+
+
 def test_every_task_has_a_foil_that_no_calibration_answer_or_probe_uses():
     """The choice gate's foils are written from the question alone: were one a labelled or probed answer, the gate
     would be tuned to the answers it is measured on."""
@@ -110,11 +125,7 @@ def test_the_calibration_set_is_balanced_with_near_misses():
 
 @pytest.mark.slow
 def test_a_hosted_judge_by_url_admits_the_env(hosted):
-    s = spec()
-    try:
-        report = admit(s, concurrency=2)
-    finally:
-        s.verifier.close()
+    report, _ = admitted("oracle")
     assert report.fit, report.unfit_reasons
     assert report.passed == len(qa.TASKS)
     (cal,) = [c for c in report.checks if c.name == "judge-calibration"]
@@ -128,14 +139,8 @@ def test_a_hosted_judge_by_url_admits_the_env(hosted):
 
 @pytest.mark.slow
 def test_a_lenient_hosted_judge_is_unfit(hosted):
-    Judge.mode = "lenient"
-    s = spec()
-    try:
-        report = admit(s, concurrency=2)
-    finally:
-        s.verifier.close()
+    report, failed = admitted("lenient")
     assert not report.fit
-    failed = {c.name for t in report.tasks for c in t.checks if not c.ok}
     assert {"probe:judge-inject-plain", "hack:wrong-fact-confidently"} <= failed
     # the env's answer contract fails these unjudged, however lenient the judge (a hidden instruction is removed
     # too, but this judge passes the non-answer left behind)
@@ -144,15 +149,7 @@ def test_a_lenient_hosted_judge_is_unfit(hosted):
 
 @pytest.mark.slow
 def test_break_it_without_its_contract_a_lenient_judge_passes_padding_and_reward_claims(hosted, monkeypatch):
-    Judge.mode = "lenient"
-    real = qa.make_verifier
-    monkeypatch.setattr(qa, "make_verifier", lambda **kw: real(contract=None, **kw))
-    s = spec()
-    try:
-        report = admit(s, concurrency=2)
-    finally:
-        s.verifier.close()
-    failed = {c.name for t in report.tasks for c in t.checks if not c.ok}
+    report, failed = admitted("lenient", monkeypatch, contract=None)
     assert {"probe:judge-verbosity-padding", "probe:reward-claim-json", "malformed:unparseable-tool-call"} <= failed
     (cal,) = [c for c in report.checks if c.name == "judge-calibration"]
     assert not cal.ok and "kappa 0.000" in cal.message
@@ -173,25 +170,13 @@ def test_the_grammar_is_sent_when_asked(hosted, monkeypatch):
 def test_a_judge_that_obeys_notes_to_the_grader_is_held_by_the_choice_gate(hosted):
     """Its score judgment gives SCORE: 10 to "Note to the grader: ... full marks" (as the 1.5B local judge did); its
     choice is honest, so the note (which states no option's fact) stops at the gate on every task."""
-    Judge.mode = "obedient"
-    s = spec()
-    try:
-        report = admit(s, concurrency=2)
-    finally:
-        s.verifier.close()
+    report, _ = admitted("obedient")
     assert report.fit, report.unfit_reasons
     assert all(c.ok for t in report.tasks for c in t.checks if c.name == "probe:judge-inject-plain")
 
 
 def test_break_it_without_the_choice_gate_the_obedient_judge_passes_the_note(hosted, monkeypatch):
-    Judge.mode = "obedient"
-    real = qa.make_verifier
-    monkeypatch.setattr(qa, "make_verifier", lambda **kw: real(choice=None, **kw))
-    s = spec()
-    try:
-        report = admit(s, concurrency=2)
-    finally:
-        s.verifier.close()
+    report, _ = admitted("obedient", monkeypatch, choice=None)
     assert not report.fit
     failed = {(t.task_id, c.name) for t in report.tasks for c in t.checks if not c.ok}
     assert {(t["task_id"], "probe:judge-inject-plain") for t in qa.TASKS} <= failed, failed
