@@ -78,7 +78,7 @@ background() {  # background NAME CMD...: CMD runs beside the foreground, as sta
 wait_for() {  # wait_for NAME: NAME's stages join the summary; fails if any of them failed
     local line rc=0
     wait "${bg_pid[$1]}" || rc=$?
-    [[ -f "$LOGS/$1.summary" ]] || { finish "$1" "${rc/#0/1}" 0; return 1; }  # the subshell itself died
+    [[ -f "$LOGS/$1.summary" ]] || { finish "$1" 1 0; return 1; }  # the subshell itself died
     while IFS= read -r line; do [[ -n $line ]] && summary+=("$line"); done <"$LOGS/$1.summary"
     while IFS= read -r line; do [[ -n $line ]] && failed+=("$line") && rc=1; done <"$LOGS/$1.failed"
     return $rc
@@ -90,12 +90,12 @@ cpu_mark all
 # first, alone: an editable install writes envhub.egg-info into the checkout, and so does setup-trainers' own
 stage setup-ray bash scripts/uvpip.sh .venv -c constraints.txt -e ".[ray]"
 # The trainer tier (.venv-trainers) and the harness + vLLM + Ray tiers (.venv-vllm, the agent CLIs) each install
-# their environment and then run, beside lint, the registry check and the main tier: all of them mostly wait
-# (sandboxes, subprocesses, servers starting), and one after another they left most of the 2 cores idle (CI run
-# at c440e2a: 57 % of the core-seconds; the tiers alone, after the main tier, 635 s). Everything at the same CPU
-# priority: the chains are the longest sequential paths (install, then a tier with its servers), so they must start
-# at once; at nice 19 (and at nice 10 in a trial beside other load) the installs got no CPU until the main tier
-# ended (~1,450 s in CI run C for what takes 75-104 s alone), and the tiers then ran after it as before.
+# their environment and then run, beside lint, the registry check and the main tier. After the main tier, alone, the
+# tiers left the cores partly idle (vLLM start-ups, agent CLIs waiting: 635 s in CI run C); beside it every stage
+# runs the machine at 97-99 % CPU (/proc/stat) and make test took 1,339-1,371 s against 2,026-2,272 s. The chains
+# are the longest sequential paths (install, then a tier with its servers), so they start at once and at normal
+# priority: at nice 19 (and at nice 10 in a first trial) the installs got no CPU until the main tier ended (~1,450 s
+# in CI run C for what takes 75-104 s alone).
 trainer_tier() {
     stage setup-trainers bash scripts/setup-trainers.sh
     ok setup-trainers && stage trainers .venv-trainers/bin/pytest -m trainers -q tests/adapters
