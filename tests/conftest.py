@@ -1,5 +1,6 @@
 """Shared fixtures: real tokenizers and a real tiny model, built offline once per session."""
 import os
+import time
 
 import pytest
 
@@ -29,21 +30,21 @@ def llama3_tokenizer():
     return load_tokenizer(build_tiny_model(template="llama3"))
 
 
-
 # ---- #27: which tests cost the CPU. The main tier is CPU-bound on 2 cores, so wall-clock durations (which include
 # waiting for a core) mislead; with ENVHUB_TEST_CPU_LOG=PATH each test's CPU seconds (this process's user+system plus
-# the children it reaped: sandboxes, CLI subprocesses, servers) are appended to PATH as tab-separated lines, which
-# scripts/cpu_report.py sums and ranks. Threads of this worker that outlive a test are charged to whichever test
-# runs next; good enough to find where the minutes go.
+# the children it reaped: CLI subprocesses, servers) are appended to PATH as tab-separated lines, which
+# scripts/cpu_report.py sums and ranks. Sandboxed processes are not in it (bwrap re-parents them): the machine-wide
+# share scripts/test-all.sh prints per stage is what sees them. Threads of this worker that outlive a test are
+# charged to whichever test runs next.
 _CPU_LOG = os.environ.get("ENVHUB_TEST_CPU_LOG")
 if _CPU_LOG:
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_protocol(item, nextitem):
         before = os.times()
-        t0 = __import__("time").monotonic()
+        t0 = time.monotonic()
         yield
-        after, wall = os.times(), __import__("time").monotonic() - t0
+        after, wall = os.times(), time.monotonic() - t0
         own = (after.user - before.user) + (after.system - before.system)
         kids = (after.children_user - before.children_user) + (after.children_system - before.children_system)
         with open(_CPU_LOG, "a") as log:
