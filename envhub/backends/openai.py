@@ -31,6 +31,7 @@ from typing import Any
 from envhub.backends.base import BackendError, Generation, LLMBackend, SamplingParams
 
 APIS = ("completions", "sglang")
+KEEPALIVE_EXPIRY_S = 2.0  # below the servers' own keep-alive timeout (uvicorn's default: 5 s); see _client
 
 
 class OpenAIBackend(LLMBackend):
@@ -161,7 +162,10 @@ class OpenAIBackend(LLMBackend):
         loop = asyncio.get_running_loop()
         client = self._clients.get(id(loop))
         if client is None or client.is_closed:
-            limits = httpx.Limits(max_connections=self.max_connections, max_keepalive_connections=self.max_connections)
+            # keep-alive expiry under the servers' own (vLLM's and SGLang's uvicorn: 5 s, httpx's default is also 5 s):
+            # a connection reused just as the server closes it fails "Server disconnected without sending a response"
+            limits = httpx.Limits(max_connections=self.max_connections, max_keepalive_connections=self.max_connections,
+                                  keepalive_expiry=KEEPALIVE_EXPIRY_S)
             client = httpx.AsyncClient(base_url=self.base_url, headers=self.headers, limits=limits,
                                        timeout=httpx.Timeout(self.timeout, connect=10.0))
             self._clients = {k: c for k, c in self._clients.items() if not c.is_closed}

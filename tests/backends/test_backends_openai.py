@@ -55,6 +55,25 @@ async def test_connection_is_reused_across_turns(server):
     await backend.close()
 
 
+async def test_a_connection_idle_past_the_expiry_is_not_reused(server, monkeypatch):
+    """A keep-alive connection is dropped by the client before the server's own keep-alive timeout can close it
+    under a request (vLLM's uvicorn: 5 s; httpx's default expiry is also 5 s, and a request crossing the server's
+    close fails "Server disconnected without sending a response", seen in the vLLM tier). Here the expiry is
+    shortened to keep the test fast; the shipped value must stay under uvicorn's 5 s."""
+    import envhub.backends.openai as openai_backend
+
+    assert openai_backend.KEEPALIVE_EXPIRY_S < 5.0
+    monkeypatch.setattr(openai_backend, "KEEPALIVE_EXPIRY_S", 0.3)
+    backend = OpenAIBackend(server.url, model="tiny")
+    params = SamplingParams(max_tokens=2, temperature=0)
+    await backend.generate(PROMPT, params)
+    await backend.generate(PROMPT, params)  # at once: the same connection (test_connection_is_reused_across_turns)
+    await asyncio.sleep(0.6)
+    await backend.generate(PROMPT, params)  # idle past the expiry: a new one
+    assert server.peers[0] == server.peers[1] != server.peers[2], server.peers
+    await backend.close()
+
+
 async def test_stop_string_tokens_are_kept_even_though_text_is_cut(server, hf):
     free = await hf.generate(PROMPT, SamplingParams(max_tokens=12, temperature=1.0, seed=2, extra={"ignore_eos": True}))
     stop = hf.tokenizer.decode(free.token_ids[4:6])
