@@ -58,7 +58,8 @@ class VLLMServer:
     """``with VLLMServer(model_dir) as server: server.url`` — a running vLLM server, stopped on exit."""
 
     def __init__(self, model_dir: str | Path, *, served_name: str = "tiny", log_path: str | Path | None = None,
-                 startup_timeout: float = 300.0, max_model_len: int = 2048, rl_routes: bool = False):
+                 startup_timeout: float = 300.0, max_model_len: int = 2048, rl_routes: bool = False,
+                 extra_argv: tuple[str, ...] = (), extra_env: dict[str, str] | None = None):
         self.model_dir = str(model_dir)
         self.served_name = served_name
         self.port = free_port()
@@ -69,6 +70,7 @@ class VLLMServer:
         # vLLM's RL routes: VLLM_SERVER_DEV_MODE=1 registers /pause, /resume, /update_weight_version,
         # /collective_rpc...; --enable-scale-out opens /inference/v1/generate (token ids in, per-token versions out)
         self.rl_routes = rl_routes
+        self.extra_argv, self.extra_env = list(extra_argv), dict(extra_env or {})
         self.proc: subprocess.Popen | None = None
         self.startup_s = 0.0
 
@@ -76,7 +78,7 @@ class VLLMServer:
         return [str(vllm_python()), "-m", "vllm.entrypoints.openai.api_server", "--model", self.model_dir,
                 "--served-model-name", self.served_name, "--host", "127.0.0.1", "--port", str(self.port),
                 "--dtype", "float32", "--enforce-eager", "--max-model-len", str(self.max_model_len),
-                "--seed", "0"] + (["--enable-scale-out"] if self.rl_routes else [])
+                "--seed", "0"] + (["--enable-scale-out"] if self.rl_routes else []) + self.extra_argv
 
     def start(self) -> VLLMServer:
         return self.launch().wait_ready()
@@ -92,6 +94,7 @@ class VLLMServer:
         env = cpu_env()
         if self.rl_routes:
             env["VLLM_SERVER_DEV_MODE"] = "1"
+        env.update(self.extra_env)
         # an empty private working directory: `python -m` (the server, and vLLM's own helper subprocesses) puts the
         # cwd first on sys.path, and a shared /tmp holding some `attr.py` once shadowed aiohttp's `attr` and
         # failed every server of the tier
