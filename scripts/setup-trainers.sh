@@ -65,6 +65,7 @@ pip_() { bash scripts/uvpip.sh "$VENV" -c "$constraints" "$@"; }
 if [[ -n "${FORCE:-}" ]] || ! ready; then
   rm -rf "$VENV"
   "$PY" -m venv "$VENV"
+  bash scripts/lazy-bytecode.sh "$VENV"  # compiled at first import, not all at install (scripts/uvpip.sh: why)
   pip_ "torch==$TORCH_VERSION"
   pip_ "${LIGHT_DEPS[@]}"
   pip_ --no-deps "openrlhf==$OPENRLHF_VERSION" "verl==$VERL_VERSION"

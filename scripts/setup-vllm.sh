@@ -30,6 +30,7 @@ fi
 start=$(date +%s)
 rm -rf "$VENV"
 "$PY" -m venv "$VENV"
+bash scripts/lazy-bytecode.sh "$VENV"  # compiled at first import, not all at install (scripts/uvpip.sh: why)
 pip_() { bash scripts/uvpip.sh "$VENV" "$@"; }  # pip install, done by a pinned uv (scripts/uvpip.sh: why)
 pip_ "torch==$TORCH_VERSION"
 constraints="$(mktemp)"

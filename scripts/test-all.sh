@@ -128,9 +128,9 @@ wait_for server-tiers
 [[ -f "$LOGS/tiers.log" ]] && tail -n 1 "$LOGS/tiers.log"
 wait_for trainer-tier
 [[ -f "$LOGS/trainers.log" ]] && tail -n 1 "$LOGS/trainers.log"
-# tests that measure timing or win a race (marker `serial`: rates, idle ratios, queue depths, a weight update inside
-# one vLLM generation) run last, with nothing beside them; ENVHUB_REQUIRE_VLLM: the vLLM one fails if its
-# environment is missing instead of skipping
+# tests that measure timing or win a race (marker `serial`: rates, idle ratios, queue depths, a correct solution
+# inside a wall-clock limit) run last, with nothing beside them; ENVHUB_REQUIRE_VLLM: the vLLM one (a queue that
+# must form) fails if its environment is missing instead of skipping
 stage serial env ENVHUB_REQUIRE_VLLM=1 $BIN/pytest -m "serial and not trainers and not ray and not harness" -q
 tail -n 1 "$LOGS/serial.log"
 

@@ -39,7 +39,13 @@ fi
 export UV_FIND_LINKS="${UV_FIND_LINKS:-${PIP_FIND_LINKS:-}}"
 [[ -n "$UV_FIND_LINKS" ]] || unset UV_FIND_LINKS
 export UV_NO_PROGRESS=1
-# --compile-bytecode, as pip does at install: these machines set PYTHONDONTWRITEBYTECODE=1, so a module never
-# compiled at install is compiled from source at every import (measured: `from transformers import AutoTokenizer`
-# 17 s of CPU in a uv-built venv without it, 7.7 s in a pip-built one; a CI run's main tier went from ~21 to ~33 min)
-exec "$UV" pip install --quiet --compile-bytecode --python "$venv/bin/python" "$@"
+# Bytecode. These machines set PYTHONDONTWRITEBYTECODE=1, so a module not compiled at install is compiled from
+# source at every import (measured: `from transformers import AutoTokenizer` 17 s of CPU in a uv-built venv without
+# it, 7.7 s in a pip-built one; a CI run's main tier went from ~21 to ~33 min). By default every module is compiled
+# at install (--compile-bytecode, as pip does). A venv made lazy (`scripts/lazy-bytecode.sh VENV`: the test tiers'
+# .venv-vllm and .venv-trainers) compiles at first import instead, into VENV/.pycache: compiling a whole venv at
+# install is most of its set-up CPU (torch + transformers: 26 s of CPU compiled, 0.75 s not; a first import that
+# compiles what it needs, 4.5 s more than a precompiled one), and the tiers import a fraction of what they install.
+compile=(--compile-bytecode)
+[[ -f "$venv/.lazy-bytecode" ]] && compile=()
+exec "$UV" pip install --quiet "${compile[@]}" --python "$venv/bin/python" "$@"
