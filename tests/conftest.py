@@ -33,19 +33,47 @@ def llama3_tokenizer():
 # ---- #27: which tests cost the CPU. The main tier is CPU-bound on 2 cores, so wall-clock durations (which include
 # waiting for a core) mislead; with ENVHUB_TEST_CPU_LOG=PATH each test's CPU seconds (this process's user+system plus
 # the children it reaped: CLI subprocesses, servers) are appended to PATH as tab-separated lines, which
-# scripts/cpu_report.py sums and ranks. Sandboxed processes are not in it (bwrap re-parents them): the machine-wide
-# share scripts/test-all.sh prints per stage is what sees them. Threads of this worker that outlive a test are
-# charged to whichever test runs next.
+# scripts/cpu_report.py sums and ranks. Sandboxed processes are not among the reaped children (bwrap re-parents
+# them), so where the cgroup-v1 cpuacct hierarchy is writable (root in a container) each worker moves itself into
+# a cgroup of its own and the log's fifth column is that cgroup's CPU: every process the test started, sandboxes
+# included, because a process stays in its parent's cgroup whoever reaps it. Elsewhere the column is "-" and the
+# machine-wide share scripts/test-all.sh prints per stage is what sees them. Work of this worker that outlives a
+# test is charged to whichever test runs next.
 _CPU_LOG = os.environ.get("ENVHUB_TEST_CPU_LOG")
+_CPUACCT = "/sys/fs/cgroup/cpuacct"
+
+
+def _own_cpu_cgroup() -> str | None:
+    """Move this process into a cgroup of its own under cpuacct; its usage file, or None where that is not allowed."""
+    group = os.path.join(_CPUACCT, "envhub-tests", str(os.getpid()))
+    try:
+        os.makedirs(group, exist_ok=True)
+        with open(os.path.join(group, "cgroup.procs"), "w") as procs:
+            procs.write(str(os.getpid()))
+        return os.path.join(group, "cpuacct.usage")
+    except OSError:
+        return None
+
+
+def _cgroup_cpu(usage: str | None) -> float | None:
+    if usage is None:
+        return None
+    with open(usage) as f:
+        return int(f.read()) / 1e9
+
+
 if _CPU_LOG:
+    _usage = _own_cpu_cgroup()
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_protocol(item, nextitem):
-        before = os.times()
+        before, group_before = os.times(), _cgroup_cpu(_usage)
         t0 = time.monotonic()
         yield
         after, wall = os.times(), time.monotonic() - t0
+        group_after = _cgroup_cpu(_usage)
         own = (after.user - before.user) + (after.system - before.system)
         kids = (after.children_user - before.children_user) + (after.children_system - before.children_system)
+        group = "-" if group_before is None or group_after is None else f"{group_after - group_before:.2f}"
         with open(_CPU_LOG, "a") as log:
-            log.write(f"{item.nodeid}\t{own:.2f}\t{kids:.2f}\t{wall:.2f}\n")
+            log.write(f"{item.nodeid}\t{own:.2f}\t{kids:.2f}\t{wall:.2f}\t{group}\n")
