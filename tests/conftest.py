@@ -65,6 +65,17 @@ def _cgroup_cpu(usage: str | None) -> float | None:
 if _CPU_LOG:
     _usage = _own_cpu_cgroup()
 
+    def pytest_unconfigure(config):
+        """Back to the parent cgroup, and this worker's group removed (kept while a process the tests left runs)."""
+        if _usage is not None:
+            group = os.path.dirname(_usage)
+            try:
+                with open(os.path.join(os.path.dirname(os.path.dirname(group)), "cgroup.procs"), "w") as procs:
+                    procs.write(str(os.getpid()))
+                os.rmdir(group)
+            except OSError:
+                pass
+
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_protocol(item, nextitem):
         before, group_before = os.times(), _cgroup_cpu(_usage)
