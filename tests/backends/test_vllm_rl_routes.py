@@ -23,7 +23,7 @@ import pytest
 from envhub.backends.base import SamplingParams
 from envhub.backends.lifecycle import LifecycleError, generate_tagged, lifecycle_of
 from envhub.backends.vllm_http import VersionMismatch, VLLMGenerateBackend, VLLMServerControl
-from vllm_server import VLLMServer, require_vllm_tier
+from vllm_server import VLLMServer, paced, require_vllm_tier
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(600), pytest.mark.xdist_group(__name__)]
 
@@ -97,9 +97,7 @@ def server(request, tiny):
     """The dev-mode server on checkpoint A; the second checkpoint and the hf references are built while it starts."""
     require_vllm_tier(request)
     url = os.environ.get("ENVHUB_VLLM_RL_URL")
-    paced = VLLMServer(tiny, rl_routes=True, extra_argv=("--logits-processors", "paced_sampler:Paced"),
-                       extra_env={"PYTHONPATH": os.path.dirname(__file__), "ENVHUB_VLLM_STEP_S": str(STEP_S)})
-    s = (_Running(url) if url else paced).launch()
+    s = (_Running(url) if url else VLLMServer(tiny, rl_routes=True, **paced(STEP_S))).launch()
     try:
         request.getfixturevalue("refs")
         s.wait_ready()

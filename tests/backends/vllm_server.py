@@ -54,6 +54,13 @@ def cpu_env() -> dict[str, str]:
     return env
 
 
+def paced(step_s: float = 0.01) -> dict:
+    """``VLLMServer(..., **paced())``: the server sleeps ``step_s`` in every sampling step, logits untouched
+    (``paced_sampler.py``: why), so a test that must act while generations run is not racing the tiny model."""
+    return {"extra_argv": ("--logits-processors", "paced_sampler:Paced"),
+            "extra_env": {"PYTHONPATH": str(Path(__file__).resolve().parent), "ENVHUB_VLLM_STEP_S": str(step_s)}}
+
+
 class VLLMServer:
     """``with VLLMServer(model_dir) as server: server.url`` — a running vLLM server, stopped on exit."""
 

@@ -1,6 +1,6 @@
 """The controller's signal path against a live vLLM (the ``vllm`` tier: ``make test-vllm``): the CPU build in
 ``.venv-vllm`` serves the tests' tiny model with room for 2 sequences; a rollout service with that server as its
-backend scrapes ``GET /metrics`` each tick. At rest the queue is empty; with 8 long completions sent straight to the
+backend scrapes ``GET /metrics`` each tick (the server paced: ``paced_sampler.py``). At rest the queue is empty; with 8 long completions sent straight to the
 server, the controller reads them waiting (``vllm:num_requests_waiting``), at most 2 running and a KV-cache usage,
 and cuts the limit on the queue."""
 from __future__ import annotations
@@ -16,13 +16,10 @@ import pytest
 from envhub.service.controller import Knobs
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "backends"))
-from vllm_server import VLLMServer, require_vllm_tier  # noqa: E402
+from vllm_server import VLLMServer, paced, require_vllm_tier  # noqa: E402
 
 # one worker for the module under pytest-xdist: its vLLM server starts once
-# serial: a queue that must form on a live vLLM server is a timing (CONTRIBUTING.md); beside the main tier it read
-# an empty queue in two CI runs of four (load ~16-22), so make test runs it last, alone
-pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.serial, pytest.mark.timeout(900),
-              pytest.mark.xdist_group(__name__)]
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900), pytest.mark.xdist_group(__name__)]
 
 
 class TwoSeqServer(VLLMServer):
@@ -37,7 +34,10 @@ def vllm(request, tmp_path_factory):
     from envhub.testing.models import build_tiny_model
 
     model = build_tiny_model(tmp_path_factory.mktemp("vllm-ctl"), template="chatml", seed=0)
-    with TwoSeqServer(model) as s:
+    # paced (10 ms a sampling step, logits untouched): unpaced, the tiny model finished the 8 completions before a
+    # tick on a busy host could read the queue (an empty queue read in two CI runs of four at load ~16-22); paced,
+    # the 6 waiting ones wait at least 15 s each
+    with TwoSeqServer(model, **paced(0.01)) as s:
         yield s
 
 
