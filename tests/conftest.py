@@ -44,14 +44,18 @@ _CPUACCT = "/sys/fs/cgroup/cpuacct"
 
 
 def _own_cpu_cgroup() -> str | None:
-    """Move this process into a cgroup of its own under cpuacct; its usage file, or None where that is not allowed."""
-    group = os.path.join(_CPUACCT, "envhub-tests", str(os.getpid()))
+    """Move this process into a cgroup of its own, under the cpuacct cgroup it is in (make test's stage: the
+    stage's CPU still counts it); its usage file, or None where that is not allowed."""
     try:
+        with open("/proc/self/cgroup") as f:
+            here = next(line.rstrip("\n").split(":", 2)[2] for line in f
+                        if "cpuacct" in line.split(":", 2)[1].split(","))
+        group = os.path.join(_CPUACCT + here, "envhub-tests", str(os.getpid()))
         os.makedirs(group, exist_ok=True)
         with open(os.path.join(group, "cgroup.procs"), "w") as procs:
             procs.write(str(os.getpid()))
         return os.path.join(group, "cpuacct.usage")
-    except OSError:
+    except (OSError, StopIteration):  # not writable, or no cgroup-v1 cpuacct hierarchy at all
         return None
 
 
@@ -63,26 +67,30 @@ def _cgroup_cpu(usage: str | None) -> float | None:
 
 
 if _CPU_LOG:
-    _usage = _own_cpu_cgroup()
+    _usage: list[str | None] = []  # this process's cgroup usage file, made at its first test (the xdist controller
+    # runs none, so its workers start in the stage's cgroup, not in one of its own)
 
     def pytest_unconfigure(config):
         """Back to the parent cgroup, and this worker's group removed (kept while a process the tests left runs)."""
-        if _usage is not None:
-            group = os.path.dirname(_usage)
+        if _usage and _usage[0] is not None:
+            group = os.path.dirname(_usage[0])
             try:
                 with open(os.path.join(os.path.dirname(os.path.dirname(group)), "cgroup.procs"), "w") as procs:
                     procs.write(str(os.getpid()))
                 os.rmdir(group)
+                os.rmdir(os.path.dirname(group))  # the last worker out removes envhub-tests
             except OSError:
                 pass
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_protocol(item, nextitem):
-        before, group_before = os.times(), _cgroup_cpu(_usage)
+        if not _usage:
+            _usage.append(_own_cpu_cgroup())
+        before, group_before = os.times(), _cgroup_cpu(_usage[0])
         t0 = time.monotonic()
         yield
         after, wall = os.times(), time.monotonic() - t0
-        group_after = _cgroup_cpu(_usage)
+        group_after = _cgroup_cpu(_usage[0])
         own = (after.user - before.user) + (after.system - before.system)
         kids = (after.children_user - before.children_user) + (after.children_system - before.children_system)
         group = "-" if group_before is None or group_after is None else f"{group_after - group_before:.2f}"
