@@ -179,12 +179,21 @@ def ensure_bytecode() -> None:
     global _compiled
     if not _compiled:
         _compiled = True
-        import compileall
+        import py_compile
 
-        try:
-            compileall.compile_dir(AGENT_DIR, quiet=2)
-        except OSError:  # a read-only install: its .pyc files came with it
-            pass
+        # beside the sources (``__pycache__``), where the sandbox's ``python -I -S`` looks, whatever
+        # ``sys.pycache_prefix`` this process has (a lazily compiled venv sets one: ``scripts/lazy-bytecode.sh``)
+        for root, _dirs, files in os.walk(AGENT_DIR):
+            for name in files:
+                if name.endswith(".py"):
+                    source = os.path.join(root, name)
+                    pyc = os.path.join(root, "__pycache__", f"{name[:-3]}.{sys.implementation.cache_tag}.pyc")
+                    if os.path.exists(pyc) and os.stat(pyc).st_mtime >= os.stat(source).st_mtime:
+                        continue
+                    try:
+                        py_compile.compile(source, cfile=pyc, doraise=True)
+                    except (OSError, py_compile.PyCompileError):  # a read-only install: its .pyc files came with it
+                        pass
 
 
 def server_argv(python: str, lib_dirs: list[str], cfg: dict) -> list[str]:

@@ -21,6 +21,7 @@ import functools
 import importlib.util
 import marshal
 import re
+import sys
 import types
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -99,9 +100,11 @@ def _sibling_code(part: str) -> types.CodeType:
 
 
 def write_bytecode(source: Path, code: types.CodeType) -> Path:
-    """Write ``code`` as ``source``'s cached bytecode (a timestamp ``.pyc``, what ``py_compile`` writes by default)."""
+    """Write ``code`` as ``source``'s cached bytecode (a timestamp ``.pyc``, what ``py_compile`` writes by default),
+    in the ``__pycache__`` beside it: where the sandboxed runner (``-I``, no ``PYTHONPYCACHEPREFIX``) looks, whatever
+    ``sys.pycache_prefix`` this process has (a lazily compiled venv sets one: ``scripts/lazy-bytecode.sh``)."""
     st = source.stat()
-    pyc = Path(importlib.util.cache_from_source(str(source), optimization=""))
+    pyc = source.parent / "__pycache__" / f"{source.stem}.{sys.implementation.cache_tag}.pyc"
     pyc.parent.mkdir(exist_ok=True)
     header = importlib.util.MAGIC_NUMBER + b"\0\0\0\0" + (int(st.st_mtime) & 0xFFFFFFFF).to_bytes(4, "little") \
         + (st.st_size & 0xFFFFFFFF).to_bytes(4, "little")
