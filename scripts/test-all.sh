@@ -113,7 +113,7 @@ stage setup-ray bash scripts/uvpip.sh .venv -c constraints.txt -e ".[ray]"
 # in CI run C for what takes 75-104 s alone).
 trainer_tier() {
     stage setup-trainers bash scripts/setup-trainers.sh
-    ok setup-trainers && stage trainers .venv-trainers/bin/pytest -m trainers -q tests/adapters
+    ok setup-trainers && stage trainers .venv-trainers/bin/pytest -m trainers -q --durations=15 tests/adapters
 }
 server_tiers() {
     background setup-vllm bash scripts/setup-vllm.sh
@@ -142,7 +142,7 @@ tail -n 1 "$LOGS/main.log"
 wait_for server-tiers
 [[ -f "$LOGS/tiers.log" ]] && tail -n 1 "$LOGS/tiers.log"
 wait_for trainer-tier
-[[ -f "$LOGS/trainers.log" ]] && tail -n 1 "$LOGS/trainers.log"
+[[ -f "$LOGS/trainers.log" ]] && { grep -A16 "slowest 15 durations" "$LOGS/trainers.log"; tail -n 1 "$LOGS/trainers.log"; }
 # tests that measure timing or win a race (marker `serial`: rates, idle ratios, queue depths, a correct solution
 # inside a wall-clock limit) run last, with nothing beside them; ENVHUB_REQUIRE_VLLM: the vLLM one (a queue that
 # must form) fails if its environment is missing instead of skipping
