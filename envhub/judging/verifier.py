@@ -20,7 +20,9 @@ What holds, and where:
 * **An answer contract** (``contract=``, :mod:`envhub.judging.contract`): hidden markup, code and JSON removed before
   the judge reads, a word budget; what it removes is in ``details["contract_removed"]``.
 * **A question-blind choice gate** (``choice=``, :mod:`envhub.judging.choice`): before the pointwise judgment, the
-  judge must pick the reference out of the task's foils and "none", without the question, in every rotation.
+  judge must pick the reference out of the task's foils and "none", without the question, in every rotation; with
+  ``beyond_question`` again from the answer's words beyond the question's (none left: it fails unjudged), with
+  ``answer_values`` the answer's other numbers offered as options too. That second pass has its own cache key.
 * **A cache** keyed by (judge, rubric, task, answer) (:class:`JudgeCache`): re-grading and admission do not pay twice.
   Crashed judgments are not cached (a timeout may not recur).
 * **What admission reads** (duck-typed, like ``hack_probes``): ``judged``, ``calibration`` (labelled examples),
@@ -36,7 +38,7 @@ import threading
 from pathlib import Path
 from typing import Any, Callable
 
-from envhub.judging.choice import ChoiceGate, choice_grammar
+from envhub.judging.choice import ChoiceGate, choice_grammar, content_beyond
 from envhub.judging.contract import AnswerContract
 from envhub.judging.engine import JudgeModel
 from envhub.judging.format import (CLAIMED_VERDICT, FORMAT_VERSION, JudgeFormatError, pair_messages, parse_score,
@@ -98,7 +100,8 @@ class JudgeVerifier:
         contract: the env's :class:`~envhub.judging.contract.AnswerContract` (markup, code and JSON removed, a word
             budget), applied after the guards: the judge reads what it leaves, or the answer fails unjudged.
         choice: a :class:`~envhub.judging.choice.ChoiceGate`: the answer must first pass the question-blind
-            reference choice (needs ``reference_key`` and the tasks' foils); then the judgment as usual.
+            reference choice (needs ``reference_key`` and the tasks' foils); then the judgment as usual; then, with
+            ``ChoiceGate(beyond_question=True)``, the choice again from what the answer says beyond the question.
     """
 
     judged = True
@@ -186,21 +189,52 @@ class JudgeVerifier:
             answer, removed, why = self.contract.apply(answer)
             if why:
                 return Score(0.0, False, {**base, "contract_removed": removed, "reason": why, "contract": True})
+        foils = [str(f) for f in (task.get(self.choice.foils_key) or [])] if self.choice is not None else []
+        content = None
+        if self.choice is not None and self.choice.beyond_question:  # free, so before any judge call
+            content = content_beyond(answer, task_text, [reference or "", *foils])
+            if not re.search(r"\w", content):
+                return Score(0.0, False, {**base, **({"contract_removed": removed} if removed is not None else {}),
+                                          "beyond_content": content, "beyond_question": True,
+                                          "reason": "the answer states nothing beyond the question's own words"})
+        if removed is not None:
+            base["contract_removed"] = removed
         # keyed by what the judge reads (the answer after the contract): the same text is the same judgment
         context: list[Any] = [task_text, reference]
         if self.choice is not None:  # the gate's options and version are part of what was judged
             context += ["choice-gate-1", self.choice.sameness, task.get(self.choice.foils_key)]
         key = JudgeCache.key(self.judge.name, self.rubric, json.dumps(context), answer)
+        score = self._cached(key, base, lambda: self._grade(task, task_text, reference, answer))
+        if content is None or not score.passed or score.crashed:
+            return score
+        # the beyond-question pass has its own cache key (what it reads is the content, not the answer): adding it
+        # to an env leaves the first pass's kept verdicts valid
+        assert self.choice is not None and reference is not None
+        key2 = JudgeCache.key(self.judge.name, self.rubric, json.dumps(
+            [task_text, reference, "beyond-question-1", self.choice.sameness, foils, self.choice.answer_values]),
+            content)
+        gate = self.choice
+        beyond = self._cached(key2, base, lambda: self._beyond(gate, content, reference, foils))
+        details = {**score.details, **beyond.details, "cached": bool(score.details.get("cached"))
+                   and bool(beyond.details.get("cached"))}
+        if beyond.crashed or not beyond.passed:
+            if not beyond.crashed:
+                details["reason"] = (f"choice gate, beyond the question: picked {details['beyond_picks'][-1]}, not "
+                                     "the reference (what the answer adds to the question does not state its fact)")
+            return Score(0.0, False, details, crashed=beyond.crashed)
+        return Score(score.reward, score.passed, details)
+
+    def _cached(self, key: str, base: dict[str, Any],
+                grade: Callable[[], tuple[float, bool, dict[str, Any]]]) -> Score:
+        """One judged stage: its kept verdict, or ``grade()`` (kept unless it crashed: a timeout may not recur)."""
         if not getattr(self, "_no_cache", False) and (hit := self.cache.get(key)) is not None:
             self.judge.stats.add(cache_hits=1)
             hit.details["cached"] = True
-            if removed is not None:
-                hit.details["contract_removed"] = removed
+            if "contract_removed" in base:
+                hit.details["contract_removed"] = base["contract_removed"]
             return hit
-        if removed is not None:
-            base["contract_removed"] = removed
         try:
-            reward, passed, details = self._grade(task, task_text, reference, answer)
+            reward, passed, details = grade()
         except Exception as e:  # a format error, a timeout, a backend error: no verdict
             self.judge.stats.add(failures=1)
             kind = getattr(e, "kind", "timeout" if isinstance(e, TimeoutError) else "backend")
@@ -210,6 +244,15 @@ class JudgeVerifier:
         score = Score(reward, passed, {**base, **details, "cached": False})
         self.cache.put(key, score)
         return score
+
+    def _beyond(self, gate: ChoiceGate, content: str, reference: str,
+                foils: list[str]) -> tuple[float, bool, dict[str, Any]]:
+        if not foils:
+            raise JudgeFormatError("unparsable", "the choice gate needs the task's foils")
+        grammar = "grammar" in self.judge.params.extra
+        held, details = gate.run_beyond(lambda m, d: self.judge.ask(m, self.timeout_s, extra=d), content, reference,
+                                        foils, lambda n: {"grammar": choice_grammar(n)} if grammar else None)
+        return float(held), held, details
 
     async def averify(self, task: dict[str, Any], artifacts: dict[str, Any]) -> Score:
         return await asyncio.to_thread(self.verify, task, artifacts)

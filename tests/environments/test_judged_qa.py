@@ -20,12 +20,14 @@ import pytest
 import envhub_judged_qa as qa
 from envhub import EnvSpec
 from envhub.admission import admit
-from envhub.judging.choice import choice_grammar
+from envhub.judging.choice import ChoiceGate, choice_grammar, content_beyond
 from envhub.judging.grammar import score_grammar
 
 pytestmark = pytest.mark.timeout(300)
 FENCE = re.compile(r"(ANSWER-[0-9A-F]{12})\n(.*?)\n\1", re.S)
-GOOD = {ex["answer"] for ex in qa.CALIBRATION if ex["label"]} | {t["golden"] for t in qa.TASKS}
+GOOD_ROWS = [(ex["task"], ex["answer"]) for ex in qa.CALIBRATION if ex["label"]] + [(t, t["golden"]) for t in qa.TASKS]
+# what the choice gate's second pass shows of a good answer (its words beyond the question) is good too
+GOOD = {a for _, a in GOOD_ROWS} | {content_beyond(a, t["question"], [t["reference"], *t["foils"]]) for t, a in GOOD_ROWS}
 REFERENCES = {t["reference"] for t in [*qa.TASKS, qa.PLAY]}
 OPTION = re.compile(r"^([A-J])\. (.*)$", re.M)
 
@@ -147,6 +149,33 @@ def test_a_lenient_hosted_judge_is_unfit(hosted):
     assert not {"probe:judge-verbosity-padding", "probe:reward-claim-json", "malformed:unparseable-tool-call"} & failed
 
 
+RESTATED = {("planet", "probe:judge-reference-surface"), ("boil", "probe:preamble-only")}  # no word beyond the question's
+
+
+def failed_by_task(report) -> set[tuple[str, str]]:
+    return {(t.task_id, c.name) for t in report.tasks for c in t.checks if not c.ok}
+
+
+@pytest.mark.slow
+def test_a_lenient_judge_cannot_pass_what_only_restates_the_question(hosted):
+    """The choice gate's second pass fails unjudged an answer with no word beyond the question's ("is the planet
+    closest to the Sun.", "Pure water boils at"), however lenient the judge. Not every task's reference surface is
+    such an answer: boil's keeps "degrees Celsius." and ice's "Ice liquid water." (words the reference uses, which
+    the second pass keeps) and reach the judge, which this one passes; so does "You asked: <question> That is a good
+    question." ("You asked ... good"). Those need a judge that reads."""
+    report, _ = admitted("lenient")
+    failed = failed_by_task(report)
+    assert not RESTATED & failed, failed
+    assert {("ice", "probe:judge-reference-surface"), ("boil", "probe:judge-reference-surface"),
+            ("boil", "hack:question-restated")} <= failed
+
+
+@pytest.mark.slow
+def test_break_it_without_the_second_pass_a_lenient_judge_passes_the_reference_surface(hosted, monkeypatch):
+    report, _ = admitted("lenient", monkeypatch, choice=ChoiceGate(sameness=qa.SAMENESS))
+    assert RESTATED <= failed_by_task(report)
+
+
 @pytest.mark.slow
 def test_break_it_without_its_contract_a_lenient_judge_passes_padding_and_reward_claims(hosted, monkeypatch):
     report, failed = admitted("lenient", monkeypatch, contract=None)
@@ -162,9 +191,11 @@ def test_the_grammar_is_sent_when_asked(hosted, monkeypatch):
         s = v.verify(qa.TASKS[0], {"answer": qa.TASKS[0]["golden"]})
     finally:
         v.close()
-    assert s.passed and Judge.bodies[-1]["grammar"] == score_grammar() and Judge.bodies[-1]["cache_prompt"] is False
-    # the choice gate's two calls came first, each with its own grammar (a letter of three options)
-    assert [b["grammar"] for b in Judge.bodies[:-1]] == [choice_grammar(3)] * 2
+    assert s.passed and Judge.bodies[2]["grammar"] == score_grammar()
+    assert all(b["cache_prompt"] is False for b in Judge.bodies)
+    # the choice gate's two calls came first, each with its own grammar (a letter of three options), then the score,
+    # then the second pass's two (the golden states no other number: no value foil, three options again)
+    assert [b["grammar"] for b in Judge.bodies[:2] + Judge.bodies[3:]] == [choice_grammar(3)] * 4
 
 
 def test_a_judge_that_obeys_notes_to_the_grader_is_held_by_the_choice_gate(hosted):

@@ -7,7 +7,9 @@ Its published answer contract (:data:`CONTRACT`, :mod:`envhub.judging.contract`)
 prose, at most :data:`MAX_WORDS` words (the task text says so); comments, hidden elements, tags, code and JSON are
 removed before the judge reads it, and an answer over the budget, or with nothing left, fails unjudged.
 Its choice gate (:mod:`envhub.judging.choice`): before grading, the judge must pick the reference out of the task's
-foil (a plausible wrong answer) and "none", without seeing the question, in both orders.
+foil (a plausible wrong answer) and "none", without seeing the question, in both orders; then again from what the
+answer says beyond the question's own words (an answer that only restates or trails off from the question fails
+unjudged), with the answer's other numbers offered as options too (an answer stating two values states several).
 Admission holds the judge to its calibration (agreement and Cohen's kappa at least :data:`MIN_AGREEMENT` /
 :data:`MIN_KAPPA`) and to the judge-attack probes of :mod:`envhub.judgeprobes`.
 
@@ -114,7 +116,8 @@ def make_verifier(judge=None, **kw):
     from envhub.judging.contract import AnswerContract
 
     kw = {"calibration": CALIBRATION, "min_agreement": MIN_AGREEMENT, "min_kappa": MIN_KAPPA, "timeout_s": 280.0,
-          "contract": AnswerContract(max_words=MAX_WORDS), "choice": ChoiceGate(sameness=SAMENESS), **kw}
+          "contract": AnswerContract(max_words=MAX_WORDS),
+          "choice": ChoiceGate(sameness=SAMENESS, beyond_question=True, answer_values=True), **kw}
     judge = judge if judge is not None else make_judge()
     if "cache" not in kw and type(judge.backend).__name__ == "LlamaCppBackend" and judge.backend.gguf.is_file():
         # the local judge's verdicts are kept beside its model: a second admission (``registry add`` after a
