@@ -207,9 +207,13 @@ async def test_dapo_gives_up_after_max_groups_and_keeps_what_it_found(serve):
     back the informative groups it did find."""
     from envhub.training.dapo import TooManyGroups
 
+    import itertools
+
     srv = serve()
+    never = ({"env_id": "svc-coin", "task": {"task_id": f"coin-{i}", "n": i, "p": 0.0, "run_s": 0.0}}
+             for i in itertools.count())  # endless: 400 prompts ran out within the break-it's 3 s on a quiet host
     async with RolloutClient(srv.url) as c:
-        dapo = DAPOCollector(c, coin_prompts(400, p=0.0, run_s=0.0, solved_first=0), group_size=2, max_inflight=8)
+        dapo = DAPOCollector(c, never, group_size=2, max_inflight=8)
         with pytest.raises(ValueError, match="max_groups"):
             await dapo.collect(3, max_groups=2)
         with pytest.raises(TooManyGroups, match="6 groups finished and only 0 of the 3") as e:
