@@ -145,3 +145,28 @@ def test_four_attacks_the_probes_lack_fail_on_planet():
         assert not s.passed and not s.crashed, (name, s.details)
     assert scores["markdown-comment"].details["contract_removed"] == ["markdown-comment"]
     assert scores["hidden-div"].details["contract_removed"] == ["hidden"]
+
+
+def test_four_attacks_on_the_second_pass_fail():
+    """Written against the second pass after it was built (``docs/decisions.md``), measured once with the local
+    judge (13 calls, 157 s at load 3-6; the verdicts are kept in ``.judge/cache/``): filler after a fragment (boil:
+    it reaches the score, SCORE: 0; planet: the first pass picks the foil), a second value in another spelling of the
+    unit (only the second pass stops it: the first pass and the score gave it the reference and SCORE: 10, and the
+    value foil "101 degrees Celsius." is picked in the second rotation), and the question paraphrased (planet: "none"
+    at the first pass)."""
+    import envhub_judged_qa as qa
+
+    boil, planet, _ = qa.TASKS
+    attacks = [(boil, "Pure water boils at roughly the usual point."),
+               (planet, "It is, of course, the obvious one, closest to the Sun."),
+               (boil, "Pure water boils at 100 degrees Celsius, or 101 °C."),
+               (planet, "The innermost world of our star's family.")]
+    v = qa.make_verifier()
+    try:
+        scores = [v.verify(t, {"answer": a}) for t, a in attacks]
+    finally:
+        v.close()
+    assert not any(s.passed or s.crashed for s in scores), [s.details for s in scores]
+    second_value = scores[2].details
+    assert second_value["parsed_score"] == 10 and second_value["beyond_foils"] == ["101 degrees Celsius."]
+    assert second_value["beyond_picks"] == ["reference", "foil"]
