@@ -208,7 +208,8 @@ class JudgeVerifier:
         if content is None or not score.passed or score.crashed:
             return score
         # the beyond-question pass has its own cache key (what it reads is the content, not the answer): adding it
-        # to an env leaves the first pass's kept verdicts valid
+        # to an env leaves the first pass's kept verdicts valid. Its version names the rules of content_beyond and
+        # value_foils: bump it when either changes (the value foils are computed from the key's content and reference)
         assert self.choice is not None and reference is not None
         key2 = JudgeCache.key(self.judge.name, self.rubric, json.dumps(
             [task_text, reference, "beyond-question-1", self.choice.sameness, foils, self.choice.answer_values]),
