@@ -15,7 +15,7 @@ from envhub.registry.layers import BUILTIN
 from helpers import ROOT
 
 install_mod = importlib.import_module("envhub.registry.install")  # the module (the package's `install` is the function)
-SHIPPED = {"code-contests": "code_contests", "countdown": "countdown", "guess-number": "guess_number",
+SHIPPED = {"code-contests": "code_contests", "countdown": "countdown", "guess-number": "guess_number", "judged-qa": "judged_qa",
            "math-python": "math_python", "swe-gym": "swe_gym"}
 
 

@@ -174,7 +174,7 @@ def test_pip_installed_envhub_installs_shipped_envs_from_the_builtin_index(tmp_p
     r = run(envhub_cli, "list", "--json")
     assert r.returncode == 0, r.stderr
     rows = {row["id"]: row for row in json.loads(r.stdout)}
-    assert sorted(rows) == ["code-contests", "countdown", "guess-number", "math-python", "swe-gym"]
+    assert sorted(rows) == ["code-contests", "countdown", "guess-number", "judged-qa", "math-python", "swe-gym"]
     assert {(row["index"], row["installed"], row["admission"] != "-") for row in rows.values()} == \
         {("built-in", None, True)}
     r = run(envhub_cli, "list")
