@@ -111,6 +111,19 @@ class Drifting:
         return "Fine.\nSCORE: 10" if self.calls > self.after else self.honest(task, messages)
 
 
+
+class Recording(ScriptedBackend):
+    """Records each request's decoding fields (what a llama.cpp server would receive as ``grammar``)."""
+
+    def __init__(self, policy: Any):
+        super().__init__(policy)
+        self.extras: list[dict[str, Any]] = []
+
+    async def generate(self, prompt_ids, params, *, session_id=""):
+        self.extras.append(dict(params.extra))
+        return await super().generate(prompt_ids, params, session_id=session_id)
+
+
 def judge_model(tokenizer: Any, policy: Callable[..., str], name: str = "scripted-judge") -> JudgeModel:
     return JudgeModel(ScriptedBackend(policy), tokenizer=tokenizer, name=name)
 

@@ -15,16 +15,20 @@ another number is offered that number as an option. Scripted judges played throu
 from __future__ import annotations
 
 import re
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from envhub.backends.scripted import ScriptedBackend
 from envhub.judging import JudgeCache, JudgeModel, JudgeVerifier
 from envhub.judging import verifier as verifier_mod
 from envhub.judging.choice import (MAX_VALUE_FOILS, NONE_OPTION, ChoiceGate, choice_grammar, content_beyond, stem,
                                    value_foils)
 from envhub.judging.grammar import score_grammar
+
+sys.path.insert(0, str(Path(__file__).parent))
+from judged_env import Recording  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
 RUBRIC = "Correct if and only if the answer states the same fact as the reference answer."
@@ -62,16 +66,6 @@ def chooser(completes: bool = False, malformed_on: str | None = None):
         return f"CHOICE: {stated[0] if len(stated) == 1 else options[-1][0]}"
 
     return choose
-
-
-class Recording(ScriptedBackend):
-    def __init__(self, policy: Any):
-        super().__init__(policy)
-        self.extras: list[dict[str, Any]] = []
-
-    async def generate(self, prompt_ids, params, *, session_id=""):
-        self.extras.append(dict(params.extra))
-        return await super().generate(prompt_ids, params, session_id=session_id)
 
 
 def lenient(task: Any, messages: list[dict[str, Any]]) -> str:

@@ -28,7 +28,7 @@ from envhub.judging.format import JudgeFormatError
 from envhub.judging.grammar import score_grammar
 
 sys.path.insert(0, str(Path(__file__).parent))
-from judged_env import RUBRIC, judge_policy  # noqa: E402
+from judged_env import RUBRIC, Recording, judge_policy  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
 FR = {"task_id": "fr", "question": "What is the capital of France?", "reference": "Paris", "foils": ["Lyon"],
@@ -73,18 +73,6 @@ def policy(chooser: Any, scorer: Any = None):
         return chooser(messages) if "OPTIONS:" in messages[-1]["content"] else scorer(task, messages)
 
     return play
-
-
-class Recording(ScriptedBackend):
-    """Records each request's decoding fields (what a llama.cpp server would receive as ``grammar``)."""
-
-    def __init__(self, policy: Any):
-        super().__init__(policy)
-        self.extras: list[dict[str, Any]] = []
-
-    async def generate(self, prompt_ids, params, *, session_id=""):
-        self.extras.append(dict(params.extra))
-        return await super().generate(prompt_ids, params, session_id=session_id)
 
 
 def verifier(tok: Any, play: Any, *, gate: bool = True, decoding: dict[str, Any] | None = None) -> JudgeVerifier:
