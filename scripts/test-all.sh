@@ -46,7 +46,7 @@ CG_ROOT=/sys/fs/cgroup/cpuacct/envhub-make-test-$$
 in_cgroup() {  # in_cgroup NAME CMD...: CMD in NAME's cgroup when one can be made, else as it is
     local group=$CG_ROOT/$1
     shift
-    if mkdir -p "$group" 2>/dev/null && echo $BASHPID >"$group/cgroup.procs" 2>/dev/null; then exec "$@"; fi
+    mkdir -p "$group" 2>/dev/null && echo $BASHPID >"$group/cgroup.procs" 2>/dev/null
     exec "$@"
 }
 cgroup_cpu() {  # cgroup_cpu NAME: CPU seconds NAME's processes used, or "-"
@@ -152,6 +152,7 @@ tail -n 1 "$LOGS/serial.log"
 echo "== stages (wall seconds; the machine's CPU share while each ran, the stages beside it included; the stage's own CPU)"
 printf '%s\n' "${summary[@]}"
 echo "make test: $((SECONDS))s wall in all, $(cpu_share all) of the machine's $(nproc --all) cores$([[ ${#failed[@]} -gt 0 ]] && echo "; FAILED: ${failed[*]}")"
-# the stages' cgroups go (a cgroup a process still holds stays: a leak to see, not to hide)
-for group in "$CG_ROOT"/*/ "$CG_ROOT"; do rmdir "$group" 2>/dev/null; done
+# the stages' cgroups go, deepest first (the test workers' nest inside; a cgroup a process still holds stays: a leak
+# to see, not to hide)
+[[ -d $CG_ROOT ]] && find "$CG_ROOT" -depth -type d -exec rmdir {} \; 2>/dev/null
 exit $(( ${#failed[@]} > 0 ))
