@@ -189,16 +189,15 @@ class JudgeVerifier:
             answer, removed, why = self.contract.apply(answer)
             if why:
                 return Score(0.0, False, {**base, "contract_removed": removed, "reason": why, "contract": True})
+        if removed is not None:
+            base["contract_removed"] = removed
         foils = [str(f) for f in (task.get(self.choice.foils_key) or [])] if self.choice is not None else []
         content = None
         if self.choice is not None and self.choice.beyond_question:  # free, so before any judge call
             content = content_beyond(answer, task_text, [reference or "", *foils])
             if not re.search(r"\w", content):
-                return Score(0.0, False, {**base, **({"contract_removed": removed} if removed is not None else {}),
-                                          "beyond_content": content, "beyond_question": True,
+                return Score(0.0, False, {**base, "beyond_content": content, "beyond_question": True,
                                           "reason": "the answer states nothing beyond the question's own words"})
-        if removed is not None:
-            base["contract_removed"] = removed
         # keyed by what the judge reads (the answer after the contract): the same text is the same judgment
         context: list[Any] = [task_text, reference]
         if self.choice is not None:  # the gate's options and version are part of what was judged
